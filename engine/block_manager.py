@@ -1,0 +1,158 @@
+"""Block tables, reference counts and the prefix cache over a fixed pool of KV blocks.
+
+Pure bookkeeping (no tensors), so its invariants can be tested on their own. Each sequence owns
+a block table: the ids of the blocks holding its K/V, in order. With prefix caching, every full
+block is identified by a hash chained over all tokens up to its end, so two prompts that share a
+prefix share its blocks (ref count > 1). A block whose last user leaves keeps its hash and stays
+findable until the allocator hands it out again: free blocks are reused least-recently-freed first,
+so popular prefixes survive. A stored copy of each block's tokens guards against hash collisions.
+
+`block_size = max_model_len` gives the contiguous layout: each sequence reserves one slab for its
+whole context up front, which is the naive allocation paging replaces.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+    token_ids: tuple[int, ...] | None = None
+
+
+class BlockManager:
+    """Allocates KV blocks to sequences; shares full blocks between sequences with equal prefixes."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool):
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}
+        self.tables: dict[int, list[int]] = {}
+        self.num_hashed: dict[int, int] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @staticmethod
+    def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+        return hash((parent, tokens))
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Ids of cached blocks matching the longest prefix of `token_ids`, leaving >= 1 token to compute."""
+        if not self.prefix_caching:
+            return []
+        hits: list[int] = []
+        parent = None
+        for index in range((len(token_ids) - 1) // self.block_size):
+            tokens = tuple(token_ids[index * self.block_size:(index + 1) * self.block_size])
+            parent = self.chain_hash(parent, tokens)
+            block_id = self.cached.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, token_ids: list[int]) -> bool:
+        hits = self._cached_prefix(token_ids)
+        reused_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        return self.blocks_needed(len(token_ids)) - len(hits) <= self.num_free_blocks - reused_free
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None and self.cached.get(block.block_hash) == block_id:
+            del self.cached[block.block_hash]
+        block.block_hash = None
+        block.token_ids = None
+        block.ref_count = 1
+        return block_id
+
+    def allocate(self, seq_id: int, token_ids: list[int]) -> int:
+        """Give `seq_id` blocks for all of `token_ids`; return how many leading tokens are already cached."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} already has blocks")
+        if not self.can_allocate(token_ids):
+            raise MemoryError("not enough free KV blocks")
+        hits = self._cached_prefix(token_ids)
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_ids[block_id]
+            block.ref_count += 1
+        table = hits + [self._take_free_block() for _ in range(self.blocks_needed(len(token_ids)) - len(hits))]
+        self.tables[seq_id] = table
+        self.num_hashed[seq_id] = len(hits)
+        return len(hits) * self.block_size
+
+    def can_grow(self, seq_id: int, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(self.tables[seq_id]) <= self.num_free_blocks
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        """Make room for `num_tokens` tokens in total."""
+        table = self.tables[seq_id]
+        missing = self.blocks_needed(num_tokens) - len(table)
+        if missing > self.num_free_blocks:
+            raise MemoryError("not enough free KV blocks")
+        table.extend(self._take_free_block() for _ in range(missing))
+
+    def commit(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """Register the hashes of blocks that became full of computed K/V, so later prompts can reuse them."""
+        if not self.prefix_caching:
+            return
+        table = self.tables[seq_id]
+        first = self.num_hashed[seq_id]
+        full = min(num_computed // self.block_size, len(table))
+        parent = self.blocks[table[first - 1]].block_hash if first else None
+        for index in range(first, full):
+            tokens = tuple(token_ids[index * self.block_size:(index + 1) * self.block_size])
+            parent = self.chain_hash(parent, tokens)
+            block = self.blocks[table[index]]
+            block.block_hash = parent
+            block.token_ids = tokens
+            self.cached.setdefault(parent, block.block_id)
+        self.num_hashed[seq_id] = max(first, full)
+
+    def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
+        """Give `child_id` the parent's K/V: full blocks shared, the partly filled last block copied.
+
+        Returns (source, destination) block pairs whose contents the caller must copy.
+        """
+        if child_id in self.tables:
+            raise ValueError(f"sequence {child_id} already has blocks")
+        parent = self.tables[parent_id]
+        shared = parent[:self.num_hashed[parent_id]] if self.prefix_caching else parent[:-1]
+        if len(parent) - len(shared) > self.num_free_blocks:
+            raise MemoryError("not enough free KV blocks")
+        for block_id in shared:
+            self.blocks[block_id].ref_count += 1
+        copies = [(source, self._take_free_block()) for source in parent[len(shared):]]
+        self.tables[child_id] = shared + [dest for _, dest in copies]
+        self.num_hashed[child_id] = len(shared) if self.prefix_caching else 0
+        return copies
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence's blocks; cached ones stay findable until reallocated."""
+        for block_id in reversed(self.tables.pop(seq_id)):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_ids[block_id] = None
+        self.num_hashed.pop(seq_id)
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return self.tables[seq_id]

@@ -1,0 +1,184 @@
+"""`EngineConfig`: every knob of the engine, validated up front.
+
+The field names are a contract (DESIGN.md): they are also the keys of the preset TOML files and
+the labels of the playground's controls. Validation here only needs the config itself and the
+host (is CUDA there, is flash-attn importable); checks that need the model's own config.json
+(context length, head counts) happen when the engine loads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import ConfigError
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+MODELS_FILE = "models.toml"
+
+CHOICES: dict[str, list[str]] = {
+    "backend": ["auto", "native", "hf"],
+    "device": ["auto", "cpu", "cuda"],
+    "dtype": ["auto", "float32", "bfloat16", "float16"],
+    "quantization": ["none", "int8", "nf4", "fp4"],
+    "attention": ["auto", "sdpa", "eager", "flash-attn"],
+    "kv_layout": ["paged", "contiguous"],
+    "batching": ["continuous", "static"],
+    "speculative": ["off", "draft", "ngram"],
+}
+
+_NOT_BUILT_YET = "not implemented in this engine yet"
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def flash_attn_available() -> bool:
+    return cuda_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def resolve_device(device: str) -> str:
+    """`auto` means the GPU when there is one."""
+    if device == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    return device
+
+
+def unavailable_reason(field_name: str, value, device: str = "auto") -> str | None:
+    """Why `field_name=value` cannot be used on this host with this engine, or None if it can.
+
+    The single source of truth for both validation and the UI, which disables such choices and
+    shows the reason instead of pretending they work.
+    """
+    device = resolve_device(device)
+    if field_name == "device" and value == "cuda" and not cuda_available():
+        return "no CUDA device on this machine"
+    if field_name == "attention" and value == "flash-attn":
+        if device != "cuda":
+            return "flash-attn needs a CUDA device"
+        if not flash_attn_available():
+            return "the flash_attn package is not installed"
+    if field_name == "quantization" and value != "none":
+        return f"quantization '{value}' is {_NOT_BUILT_YET}"
+    if field_name == "speculative" and value != "off":
+        return f"speculative decoding ({value}) is {_NOT_BUILT_YET}"
+    if field_name == "gqa" and value != "native":
+        return f"GQA conversion is {_NOT_BUILT_YET}"
+    if field_name == "tensor_parallel_size" and value != 1:
+        return f"tensor parallelism is {_NOT_BUILT_YET}"
+    return None
+
+
+@dataclass
+class EngineConfig:
+    """Every knob of the engine. Construct freely; `validate()` (or `from_dict`) checks it."""
+
+    model: str = "demo"
+    backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    quantization: str = "none"
+    attention: str = "auto"
+    kv_layout: str = "paged"
+    block_size: int = 16
+    prefix_caching: bool = True
+    kv_cache_bytes: int | None = None
+    batching: str = "continuous"
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    speculative: str = "off"
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4
+    gqa: str | int = "native"
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    cuda_graphs: bool = True
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EngineConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> EngineConfig:
+        return EngineConfig.from_dict({**self.to_dict(), **changes})
+
+    def validate(self) -> EngineConfig:
+        """Raise ConfigError with one clear message for the first bad value or combination."""
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ConfigError(f"{name}={value!r} is not one of {choices}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError("model must be a preset name, a local folder or a hub id")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens",
+                     "tensor_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.block_size > 1024 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two up to 1024, got {self.block_size}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ConfigError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if self.kv_cache_bytes is not None and (not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes <= 0):
+            raise ConfigError(f"kv_cache_bytes must be a positive integer (or unset for automatic), got "
+                              f"{self.kv_cache_bytes!r}")
+        if not isinstance(self.seed, int):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if not (self.gqa in ("native", "mha") or (isinstance(self.gqa, int) and not isinstance(self.gqa, bool)
+                                                   and self.gqa >= 1)):
+            raise ConfigError(f"gqa must be 'native', 'mha' or a positive number of KV heads, got {self.gqa!r}")
+        if self.kv_layout == "contiguous" and self.prefix_caching:
+            raise ConfigError("prefix_caching shares KV blocks between requests and needs kv_layout='paged'; "
+                              "turn prefix_caching off for the contiguous layout")
+        if self.speculative == "draft" and not self.draft_model:
+            raise ConfigError("speculative='draft' needs draft_model")
+        for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
+            reason = unavailable_reason(name, getattr(self, name), self.device)
+            if reason:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
+        if self.backend == "hf" and self.attention == "flash-attn":
+            raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
+        return self
+
+    @property
+    def resolved_device(self) -> str:
+        return resolve_device(self.device)
+
+
+def list_presets() -> list[str]:
+    """Names of the optimization presets in presets/ (models.toml is the model list, not a preset)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml") if p.name != MODELS_FILE)
+
+
+def load_preset(name_or_path: str) -> dict:
+    """Read a preset TOML (by name in presets/ or by path) into a dict of EngineConfig fields."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PRESETS_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise ConfigError(f"no preset {name_or_path!r}; available presets: {', '.join(list_presets())}")
+    with path.open("rb") as handle:
+        data = tomllib.load(handle)
+    data.pop("description", None)
+    return data
+
+
+def preset_description(name: str) -> str:
+    path = PRESETS_DIR / f"{name}.toml"
+    with path.open("rb") as handle:
+        return tomllib.load(handle).get("description", "")

@@ -1,0 +1,128 @@
+"""Metric definitions shared by the engine, the bench and the UI (DESIGN.md, "Metrics").
+
+Per request, from its arrival: TTFT = first token - arrival; E2EL = last token - arrival;
+TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = each gap between consecutive tokens.
+Memory is counted from tensor storage and the process, never from `get_memory_footprint`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+
+
+@dataclass
+class RequestMetrics:
+    """Latency and token counts of one request, derived from its timestamps."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    ttft: float | None = None
+    tpot: float | None = None
+    e2el: float | None = None
+    itl: list[float] = field(default_factory=list)
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+
+    @classmethod
+    def from_timestamps(cls, arrival: float, token_times: list[float], prompt_tokens: int,
+                        cached_tokens: int = 0, spec_proposed: int = 0, spec_accepted: int = 0) -> RequestMetrics:
+        metrics = cls(prompt_tokens=prompt_tokens, output_tokens=len(token_times), cached_tokens=cached_tokens,
+                      spec_proposed=spec_proposed, spec_accepted=spec_accepted)
+        if token_times:
+            metrics.ttft = token_times[0] - arrival
+            metrics.e2el = token_times[-1] - arrival
+            metrics.itl = [later - earlier for earlier, later in zip(token_times, token_times[1:])]
+            if len(token_times) > 1:
+                metrics.tpot = (metrics.e2el - metrics.ttft) / (len(token_times) - 1)
+        return metrics
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return 1.0 / self.tpot if self.tpot else None
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), 0.0 for an empty list."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(metrics: list[RequestMetrics], duration: float) -> dict:
+    """Aggregate figures over finished requests, with vLLM's benchmark key names."""
+    completed = [m for m in metrics if m.output_tokens > 0]
+    prompt_tokens = sum(m.prompt_tokens for m in completed)
+    output_tokens = sum(m.output_tokens for m in completed)
+    summary = {
+        "completed": len(completed),
+        "duration": duration,
+        "total_input_tokens": prompt_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": len(completed) / duration if duration else 0.0,
+        "output_throughput": output_tokens / duration if duration else 0.0,
+        "total_token_throughput": (prompt_tokens + output_tokens) / duration if duration else 0.0,
+    }
+    series = {
+        "ttft": [m.ttft for m in completed if m.ttft is not None],
+        "tpot": [m.tpot for m in completed if m.tpot is not None],
+        "itl": [gap for m in completed for gap in m.itl],
+        "e2el": [m.e2el for m in completed if m.e2el is not None],
+    }
+    for name, values in series.items():
+        millis = [v * 1000.0 for v in values]
+        summary[f"mean_{name}_ms"] = sum(millis) / len(millis) if millis else 0.0
+        summary[f"median_{name}_ms"] = percentile(millis, 50)
+        summary[f"p90_{name}_ms"] = percentile(millis, 90)
+        summary[f"p99_{name}_ms"] = percentile(millis, 99)
+    return summary
+
+
+def tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of every parameter and buffer, each storage counted once (tied weights share one)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def peak_memory_bytes(device: str) -> int:
+    """Peak process memory: CUDA allocator peak on a GPU, peak resident set size on a CPU."""
+    if device == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_device() -> str:
+    """One line naming the hardware the engine runs on, for the UI header and bench output."""
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return f"GPU: {props.name} ({props.total_memory / 2**30:.1f} GiB)"
+    ram = psutil.virtual_memory().total / 2**30
+    return f"CPU: {_cpu_name()} ({os.cpu_count()} cores), {ram:.1f} GiB RAM"

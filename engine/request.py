@@ -1,0 +1,156 @@
+"""A request's life: its tokens and timestamps inside the engine, and the handle its caller holds.
+
+The engine loop owns `Request` objects (one thread touches them); callers hold a
+`RequestHandle` and read `StreamDelta`s from a thread-safe queue, so any number of caller
+threads can wait on their own requests while one loop batches them all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine.metrics import RequestMetrics
+from engine.sampling import SamplingParams
+
+_request_ids = itertools.count()
+
+
+@dataclass
+class StreamDelta:
+    """What one engine step added to a request: new text and ids, plus its running metrics."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    metrics: RequestMetrics
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The finished result of one request."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    error: str | None = None
+
+
+@dataclass
+class Request:
+    """Engine-side state of one request. Only the engine loop thread mutates it."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    max_model_len: int
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    request_id: int = field(default_factory=lambda: next(_request_ids))
+    arrival_time: float = field(default_factory=time.perf_counter)
+    output_token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    cancel_requested: bool = False
+    outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def metrics(self) -> RequestMetrics:
+        return RequestMetrics.from_timestamps(
+            self.arrival_time, self.token_times, len(self.prompt_token_ids), self.num_cached_tokens or 0,
+            self.spec_proposed, self.spec_accepted)
+
+    def append_tokens(self, token_ids: list[int], now: float) -> None:
+        """Record newly sampled tokens, decide whether the request is done, and publish a delta.
+
+        Tokens past a stop condition (EOS, stop string, max_tokens, context length) are dropped.
+        """
+        accepted: list[int] = []
+        for token in token_ids:
+            accepted.append(token)
+            self.output_token_ids.append(token)
+            self.token_times.append(now)
+            if not self.params.ignore_eos and token in self.eos_token_ids:
+                self.finish_reason = "stop"
+            elif len(self.output_token_ids) >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
+                self.finish_reason = "length"
+            if self.finish_reason:
+                break
+        text, hit_stop = self.detokenizer.add(accepted)
+        if hit_stop:
+            self.finish_reason = "stop"
+        if self.finished and not hit_stop:
+            text += self.detokenizer.flush()
+        self.outbox.put(StreamDelta(text, accepted, self.finished, self.finish_reason, self.metrics()))
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        """End the request without a new token (cancelled, or failed with `error`)."""
+        if self.finished:
+            return
+        self.finish_reason = reason
+        self.error = error
+        text = self.detokenizer.flush() if reason == "cancelled" else ""
+        self.outbox.put(StreamDelta(text, [], True, reason, self.metrics(), error))
+
+
+class RequestHandle:
+    """The caller's side of a request: iterate its deltas, wait for its result, or cancel it."""
+
+    def __init__(self, request: Request, cancel: Callable[[int], None]):
+        self.request_id = request.request_id
+        self.prompt_token_ids = list(request.prompt_token_ids)
+        self._outbox = request.outbox
+        self._cancel = cancel
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+        self._last: StreamDelta | None = None
+
+    def __iter__(self) -> Iterator[StreamDelta]:
+        while self._last is None or not self._last.finished:
+            delta = self._outbox.get()
+            self._text.append(delta.text)
+            self._token_ids.extend(delta.token_ids)
+            self._last = delta
+            yield delta
+
+    def cancel(self) -> None:
+        self._cancel(self.request_id)
+
+    @property
+    def done(self) -> bool:
+        return self._last is not None and self._last.finished
+
+    def result(self) -> RequestOutput:
+        """Block until the request finishes and return its output."""
+        for _ in self:
+            pass
+        last = self._last
+        return RequestOutput(self.request_id, self.prompt_token_ids, "".join(self._text), self._token_ids,
+                             last.finish_reason, last.metrics, last.error)

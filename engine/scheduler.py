@@ -1,0 +1,132 @@
+"""Who runs next: continuous or static batching under a token budget, with preemption by recompute.
+
+Every request is a list of tokens of which the first `num_computed_tokens` have K/V in the cache.
+A step gives each scheduled request a number of new tokens to compute: the rest of its prompt (or
+a chunk of it, when the step's token budget runs out: chunked prefill) or the one token sampled
+last step (decode). Prefill and decode are the same thing at different sizes, so one step can mix
+them, as vLLM's v1 scheduler does.
+
+- continuous: running requests go first; new requests join whenever the budget, `max_num_seqs`
+  and free KV blocks allow. When a running request needs a block and none is free, the most
+  recently admitted request is preempted: its blocks are freed and it goes back to the front of
+  the queue, to be recomputed later (its prefix may still be cached).
+- static: a batch is gathered only when nothing runs, and runs until its last request finishes;
+  nothing joins meanwhile, so finished requests leave their slots idle.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.block_manager import BlockManager
+from engine.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def completes_sequence(self) -> bool:
+        """After this step all its tokens have K/V, so the last position's logits give the next token."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    """Picks each step's requests and token counts; owns the waiting queue and the running set."""
+
+    def __init__(self, block_manager: BlockManager, batching: str, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.batching = batching
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.peak_running = 0
+        self.num_preemptions = 0
+        self.prompt_tokens_admitted = 0
+        self.cached_tokens_admitted = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, request: Request) -> None:
+        """Take a request out (finished, cancelled or failed) and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+            self.block_manager.free(request.request_id)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request.request_id)
+        request.num_computed_tokens = 0
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def _schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], int]:
+        scheduled: list[ScheduledRequest] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            target = request.num_computed_tokens + num_new
+            while not self.block_manager.can_grow(request.request_id, target):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is request:
+                    break
+            if request not in self.running:
+                break
+            self.block_manager.grow(request.request_id, target)
+            scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+            index += 1
+        return scheduled, budget
+
+    def _admit(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
+        static = self.batching == "static"
+        while self.waiting and len(self.running) < self.max_num_seqs and (static or budget > 0):
+            request = self.waiting[0]
+            tokens = request.all_token_ids
+            if not self.block_manager.can_allocate(tokens):
+                break
+            cached = self.block_manager.allocate(request.request_id, tokens)
+            self.waiting.popleft()
+            request.num_computed_tokens = cached
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = cached
+                self.prompt_tokens_admitted += len(request.prompt_token_ids)
+                self.cached_tokens_admitted += cached
+            self.running.append(request)
+            num_new = min(request.num_tokens - cached, budget)
+            if num_new > 0:
+                scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+
+    def schedule(self) -> list[ScheduledRequest]:
+        """This step's requests and how many new tokens each computes."""
+        scheduled, budget = self._schedule_running(self.max_num_batched_tokens)
+        if self.batching == "continuous" or not self.running:
+            self._admit(budget, scheduled)
+        self.peak_running = max(self.peak_running, len(self.running))
+        return scheduled
+
+    def complete_step(self, scheduled: list[ScheduledRequest]) -> None:
+        """Advance each request's computed-token count and publish its newly full blocks to the prefix cache."""
+        for item in scheduled:
+            request = item.request
+            request.num_computed_tokens += item.num_new_tokens
+            self.block_manager.commit(request.request_id, request.all_token_ids, request.num_computed_tokens)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if not self.prompt_tokens_admitted:
+            return 0.0
+        return self.cached_tokens_admitted / self.prompt_tokens_admitted
