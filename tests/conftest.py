@@ -1,0 +1,35 @@
+"""Shared fixtures: small random models of every architecture the native engine covers, built locally."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.tiny_models import TINY_ARCHITECTURES, build_tiny_chat_model, build_tiny_model
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, str]:
+    """name -> folder of a saved random model (config.json + safetensors, no tokenizer)."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {name: build_tiny_model(name, root / name) for name in TINY_ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tiny_model_dirs) -> str:
+    return tiny_model_dirs["llama-gqa"]
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory) -> str:
+    """A random Llama with a tokenizer and a chat template."""
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
