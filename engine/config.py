@@ -106,7 +106,8 @@ class EngineConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}; "
+                              f"known fields: {', '.join(sorted(known))}")
         config = cls(**values)
         config.validate()
         return config

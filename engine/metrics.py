@@ -38,7 +38,7 @@ class RequestMetrics:
         if token_times:
             metrics.ttft = token_times[0] - arrival
             metrics.e2el = token_times[-1] - arrival
-            metrics.itl = [later - earlier for earlier, later in zip(token_times, token_times[1:])]
+            metrics.itl = [later - earlier for earlier, later in zip(token_times, token_times[1:], strict=False)]
             if len(token_times) > 1:
                 metrics.tpot = (metrics.e2el - metrics.ttft) / (len(token_times) - 1)
         return metrics
