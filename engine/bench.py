@@ -1,0 +1,345 @@
+"""`python -m engine.bench`: run a workload through an engine configuration and report vLLM-style metrics.
+
+The workload (engine/workloads.py) is fixed by its seed, so `--compare` runs a second configuration
+on exactly the same requests, in the same process, and prints compare/base ratios. Requests are
+sent from a pool of `--concurrency` threads through the public API (`Engine.submit`), at Poisson
+arrival times when `--request-rate` is finite. The duration runs from the first submission to the
+last completion, after a short untimed warm-up.
+
+    python -m engine.bench --set model=random-llama-20m --num-prompts 64 --input-len 128 \
+        --output-len 128 --compare hf-continuous
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig, load_preset
+from engine.errors import EngineError
+from engine.metrics import describe_device, summarize
+from engine.sampling import SamplingParams
+from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
+
+RANDOM_MODELS = {
+    # name: LlamaConfig fields. ~20M parameters: 8.4M in the (untied) embeddings, 2.9M per layer.
+    "random-llama-20m": dict(vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
+                             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+}
+RANDOM_MODEL_SEED = 0
+RATIO_KEYS = ["output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
+              "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms", "peak_running",
+              "prefix_cache_hit_rate"]
+TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
+              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes"]
+_SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
+_SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "inference-playground"
+
+
+def make_random_model(name: str, folder: Path) -> Path:
+    """Save a randomly initialised Llama (fixed seed, no tokenizer) so benchmarks need no hub access."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+        return folder
+    torch.manual_seed(RANDOM_MODEL_SEED)
+    model = LlamaForCausalLM(LlamaConfig(**RANDOM_MODELS[name])).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    return folder
+
+
+def resolve_bench_model(model: str) -> str:
+    """`random-llama-20m` and friends become a folder in the cache; anything else is left to the engine."""
+    if model in RANDOM_MODELS:
+        return str(make_random_model(model, cache_dir() / model))
+    return model
+
+
+# ---- configuration -----------------------------------------------------------------------------
+
+def parse_value(text: str):
+    """A `--set` value: None, a bool, an int (sizes like 64MiB allowed), a float, or the string itself."""
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    size = _SIZE.match(text.strip())
+    if size:
+        return int(size.group(1)) * _SIZE_UNITS[size.group(2).lower()]
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_sets(items: list[str]) -> dict:
+    values = {}
+    for item in items:
+        if "=" not in item:
+            raise EngineError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        values[key.strip()] = parse_value(value)
+    return values
+
+
+def build_config(preset: str | None, sets: dict, model: str | None = None) -> EngineConfig:
+    """Defaults, then the preset, then --model, then the --set overrides; validated."""
+    values = dict(load_preset(preset)) if preset else {}
+    if model:
+        values["model"] = model
+    values.update(sets)
+    if "model" in values:
+        values["model"] = resolve_bench_model(values["model"])
+    return EngineConfig.from_dict(values)
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+def _sampling(request: BenchRequest, temperature: float, ignore_eos: bool, seed: int) -> SamplingParams:
+    return SamplingParams(max_tokens=request.max_tokens, temperature=temperature, ignore_eos=ignore_eos,
+                          seed=seed if temperature > 0 else None)
+
+
+def send(engine, requests: list[BenchRequest], concurrency: int, temperature: float, ignore_eos: bool,
+         seed: int) -> tuple[list, float]:
+    """Submit every request (at most `concurrency` in flight, each not before its arrival offset).
+
+    Returns the outputs in request order and the duration from the first submission to the last completion.
+    """
+    outputs: list = [None] * len(requests)
+    submitted: list[float] = []
+    completed: list[float] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def run(index: int) -> None:
+        request = requests[index]
+        delay = start + request.arrival - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        params = _sampling(request, temperature, ignore_eos, seed + index)
+        sent = time.perf_counter()
+        output = engine.submit(request.prompt, params).result()
+        done = time.perf_counter()
+        with lock:
+            submitted.append(sent)
+            completed.append(done)
+        outputs[index] = output
+
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
+        for future in [pool.submit(run, i) for i in range(len(requests))]:
+            future.result()
+    return outputs, (max(completed) - min(submitted)) if requests else 0.0
+
+
+def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
+               ignore_eos: bool, warmup: bool = True) -> dict:
+    """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config."""
+    from engine import Engine
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    engine = Engine(config)
+    try:
+        vocab = engine._core.vocab_size
+        if warmup:
+            send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
+        requests = build_workload(spec, vocab)
+        outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
+        stats = engine.stats()
+        info = dict(engine.info)
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+    errors = [o.error for o in outputs if o.finish_reason == "error"]
+    metrics = [o.metrics for o in outputs]
+    result = summarize(metrics, duration)
+    prompt_tokens = sum(m.prompt_tokens for m in metrics)
+    result.update({
+        "num_prompts": len(requests),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
+        "spec_acceptance_rate": stats.get("spec_acceptance_rate", 0.0),
+        "peak_running": stats.get("peak_running"),
+        "num_preemptions": stats.get("num_preemptions"),
+        "weights_bytes": stats.get("weights_bytes"),
+        "kv_cache_bytes": stats.get("kv_cache_bytes"),
+        "peak_memory_bytes": stats.get("peak_memory_bytes"),
+        "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
+        "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
+        "config": config.to_dict(),
+    })
+    return result
+
+
+def ratios(base: dict, compare: dict) -> dict:
+    """compare / base for the headline figures (None where base is 0 or missing)."""
+    out = {}
+    for key in RATIO_KEYS:
+        a, b = base.get(key), compare.get(key)
+        out[key] = (b / a) if isinstance(a, int | float) and isinstance(b, int | float) and a else None
+    return out
+
+
+# ---- output ------------------------------------------------------------------------------------
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_table(base: dict, compare: dict | None = None, names: tuple[str, str] = ("base", "compare")) -> str:
+    rows = [("metric", names[0]) + ((names[1], "compare/base") if compare else ())]
+    rat = ratios(base, compare) if compare else {}
+    for key in TABLE_KEYS:
+        row = (key, _fmt(base.get(key)))
+        if compare:
+            ratio = rat.get(key)
+            row += (_fmt(compare.get(key)), f"{ratio:.2f}x" if ratio is not None else "")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _describe(result: dict) -> str:
+    config = result["config"]
+    return (f"{result['backend']} | batching={config['batching']} max_num_seqs={config['max_num_seqs']} "
+            f"kv_layout={config['kv_layout']} prefix_caching={config['prefix_caching']} "
+            f"attention={result['attention']} dtype={result['dtype']} device={result['device']}")
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+def parse_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit() or not 1 <= int(low) <= int(high):
+        raise argparse.ArgumentTypeError(f"expected LO:HI with 1 <= LO <= HI, got {text!r}")
+    return int(low), int(high)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", help="optimization preset name (presets/NAME.toml) or path")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override an EngineConfig field (repeatable), e.g. --set max_num_seqs=64")
+    parser.add_argument("--model", help="shortcut for --set model=...; random-llama-20m builds a local random model")
+    parser.add_argument("--compare", metavar="PRESET", help="also run this preset (plus the same --set/--model) "
+                        "on the same requests and print compare/base ratios")
+    parser.add_argument("--compare-set", dest="compare_sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="overrides applied only to the --compare run (after its preset)")
+    parser.add_argument("--dataset", default="random", help="random | chat | path to a .jsonl of prompts")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128, help="unique tokens per random prompt")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-len-range", type=parse_range, metavar="LO:HI",
+                        help="draw each request's output length uniformly from LO..HI (mixed lengths)")
+    parser.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens before each random prompt")
+    parser.add_argument("--concurrency", type=int, default=None, help="max requests in flight (default: all)")
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                        help="generate exactly the output length (default: on for random prompts)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
+                        help="only build random-llama-20m into FOLDER and exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.make_random_model:
+        folder = make_random_model("random-llama-20m", args.make_random_model)
+        print(f"random-llama-20m saved in {folder}")
+        return 0
+    try:
+        sets = parse_sets(args.sets)
+        base_config = build_config(args.preset, sets, args.model)
+        compare_config = None
+        if args.compare:
+            compare_sets = {**sets, **parse_sets(args.compare_sets)}
+            compare_config = build_config(args.compare, compare_sets, args.model or base_config.model)
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    spec = WorkloadSpec(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
+                        output_len=args.output_len, output_len_range=args.output_len_range,
+                        prefix_len=args.prefix_len, request_rate=args.request_rate, seed=args.seed)
+    ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
+    concurrency = args.concurrency or args.num_prompts
+    print(describe_device())
+    print(f"workload: {json.dumps(asdict(spec), default=str)} "
+          f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")
+    results = {}
+    try:
+        for name, config in (("base", base_config), ("compare", compare_config)):
+            if config is None:
+                continue
+            results[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos, not args.no_warmup)
+            print(f"{name}: {_describe(results[name])}")
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    base, compare = results["base"], results.get("compare")
+    print(format_table(base, compare, (args.preset or "base", args.compare or "compare")))
+    for name, result in results.items():
+        if result["errors"]:
+            print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)
+    report = dict(base)
+    workload = {**asdict(spec), "concurrency": concurrency, "temperature": args.temperature, "ignore_eos": ignore_eos}
+    workload["request_rate"] = str(spec.request_rate) if math.isinf(spec.request_rate) else spec.request_rate
+    report.update({"preset": args.preset, "workload": workload, "device_name": describe_device()})
+    if compare:
+        report["compare_preset"] = args.compare
+        report["compare"] = compare
+        report["ratios"] = ratios(base, compare)
+        print("ratios compare/base: " + ", ".join(f"{k}={v:.2f}x" for k, v in report["ratios"].items()
+                                                 if v is not None))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+        print(f"wrote {args.json}")
+    return 1 if any(r["errors"] for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Benchmark workloads: which prompts, how many tokens each asks for, and when each arrives.
+
+Everything is drawn from one seeded `random.Random`, so the same arguments give the same requests
+(the `--compare` run and a rerun next week see identical work). Random prompts are token ids, so
+they need no tokenizer; a shared prefix is the same ids at the head of every prompt, which is what
+prefix caching can reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import PRESETS_DIR
+from engine.errors import ConfigError
+
+CHAT_PROMPTS_FILE = PRESETS_DIR / "chat_prompts.jsonl"
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What to send: the dataset, the sizes and the arrival process."""
+
+    dataset: str = "random"
+    num_prompts: int = 64
+    input_len: int = 128
+    output_len: int = 128
+    output_len_range: tuple[int, int] | None = None
+    prefix_len: int = 0
+    request_rate: float = math.inf
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request of a workload: its prompt, its output budget and its arrival offset in seconds."""
+
+    prompt: list[int] | str | list[dict]
+    max_tokens: int
+    arrival: float
+
+
+def random_token_prompts(rng: random.Random, vocab_size: int, num_prompts: int, input_len: int,
+                         prefix_len: int) -> list[list[int]]:
+    """`prefix_len` shared ids followed by `input_len` ids unique to each prompt."""
+    prefix = [rng.randrange(vocab_size) for _ in range(prefix_len)]
+    return [prefix + [rng.randrange(vocab_size) for _ in range(input_len)] for _ in range(num_prompts)]
+
+
+def read_jsonl_prompts(path: Path) -> list[str | list[dict]]:
+    """Prompts from a .jsonl file: one {"prompt": str} or {"messages": [...]} object per line."""
+    if not path.is_file():
+        raise ConfigError(f"no prompt file at {path}")
+    prompts: list[str | list[dict]] = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}:{number}: not JSON ({error})") from error
+        if isinstance(item, dict) and isinstance(item.get("prompt"), str):
+            prompts.append(item["prompt"])
+        elif isinstance(item, dict) and isinstance(item.get("messages"), list):
+            prompts.append(item["messages"])
+        else:
+            raise ConfigError(f"{path}:{number}: expected an object with 'prompt' (text) or 'messages' (a list)")
+    if not prompts:
+        raise ConfigError(f"{path} holds no prompts")
+    return prompts
+
+
+def arrival_offsets(rng: random.Random, count: int, request_rate: float) -> list[float]:
+    """Poisson arrivals (exponential gaps) at `request_rate` per second; all at once when it is infinite."""
+    if math.isinf(request_rate):
+        return [0.0] * count
+    if request_rate <= 0:
+        raise ConfigError(f"request_rate must be positive (or inf), got {request_rate}")
+    offsets, now = [], 0.0
+    for _ in range(count):
+        offsets.append(now)
+        now += rng.expovariate(request_rate)
+    return offsets
+
+
+def build_workload(spec: WorkloadSpec, vocab_size: int) -> list[BenchRequest]:
+    """The requests of a workload, deterministic in `spec.seed`."""
+    rng = random.Random(spec.seed)
+    if spec.dataset == "random":
+        prompts = random_token_prompts(rng, vocab_size, spec.num_prompts, spec.input_len, spec.prefix_len)
+    else:
+        path = CHAT_PROMPTS_FILE if spec.dataset == "chat" else Path(spec.dataset)
+        pool = read_jsonl_prompts(path)
+        prompts = [pool[i % len(pool)] for i in range(spec.num_prompts)]
+    if spec.output_len_range:
+        low, high = spec.output_len_range
+        lengths = [rng.randint(low, high) for _ in prompts]
+    else:
+        lengths = [spec.output_len] * len(prompts)
+    offsets = arrival_offsets(rng, len(prompts), spec.request_rate)
+    return [BenchRequest(p, n, t) for p, n, t in zip(prompts, lengths, offsets, strict=True)]
+
+
+def warmup_workload(spec: WorkloadSpec, vocab_size: int, count: int = 2, max_tokens: int = 4) -> list[BenchRequest]:
+    """A few short requests of the same prompt size, sharing nothing with the measured ones (no cache hits)."""
+    rng = random.Random(spec.seed + 1_000_003)
+    if spec.dataset != "random":
+        return [BenchRequest(r.prompt, max_tokens, 0.0) for r in build_workload(spec, vocab_size)[:count]]
+    prompts = random_token_prompts(rng, vocab_size, count, spec.input_len + spec.prefix_len, 0)
+    return [BenchRequest(p, max_tokens, 0.0) for p in prompts]
