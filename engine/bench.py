@@ -233,8 +233,8 @@ def format_table(base: dict, compare: dict | None = None, names: tuple[str, str]
             row += (_fmt(compare.get(key)), f"{ratio:.2f}x" if ratio is not None else "")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
-             for r in rows]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 

@@ -1,0 +1,220 @@
+"""`python -m engine.gpu_check`: the one script that checks and times the GPU-only paths (a few minutes).
+
+1. Greedy equality, native engine vs `transformers` `generate`, on CUDA, on locally built random
+   Llama, Qwen2 and Qwen3 models: float32 must match token for token (TF32 off); bfloat16 reports
+   how much agrees, since bf16 rounding can flip near-tied tokens and everything after them.
+2. Throughput on 64 prompts x 128 random tokens in x 128 out (greedy, EOS ignored): native with
+   sdpa, with flash-attn when importable, and without CUDA graphs when the engine has them, against
+   the hf backend (transformers' continuous batching).
+
+Needs only torch, transformers, safetensors and tokenizers (flash-attn optional). Results go to
+assets/results/gpu_check.json and stdout. Exits with status 2 without CUDA, 1 if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+RESULTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "results" / "gpu_check.json"
+EQUALITY_PROMPTS = 8
+EQUALITY_TOKENS = 32
+MODELS = {
+    # name: (config class, model class, config fields). Wider init than usual: peaked logits, so a
+    # float32 comparison tests the engine rather than ties between near-equal tokens.
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+        num_key_value_heads=4, max_position_embeddings=4096)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=4096)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)),
+}
+INIT_STD = 0.05
+
+
+def build_model(name: str, folder: Path, seed: int = 0) -> str:
+    import transformers
+
+    config_name, model_name, fields = MODELS[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_name)(**fields, initializer_range=INIT_STD, bos_token_id=1,
+                                                eos_token_id=2, tie_word_embeddings=False)
+    getattr(transformers, model_name)(config).save_pretrained(folder)
+    return str(folder)
+
+
+def reference_greedy(path: str, prompts: list[list[int]], max_new_tokens: int, dtype: torch.dtype) -> list[list[int]]:
+    """transformers' own greedy output, one prompt at a time (no padding in the reference)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to("cuda").eval()
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device="cuda")
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
+            outputs.append(out[0, len(prompt):].tolist())
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return outputs
+
+
+def native_greedy(path: str, prompts: list[list[int]], max_new_tokens: int, dtype: str, **config) -> list[list[int]]:
+    from engine import Engine, EngineConfig, SamplingParams
+
+    with Engine(EngineConfig(model=path, backend="native", device="cuda", dtype=dtype, **config)) as engine:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=max_new_tokens, ignore_eos=True))
+    errors = [o.error for o in outputs if o.finish_reason == "error"]
+    if errors:
+        raise RuntimeError(errors[0])
+    return [o.token_ids for o in outputs]
+
+
+def agreement(expected: list[list[int]], got: list[list[int]]) -> dict:
+    """Exact sequences, and the share of tokens generated before each sequence first diverges."""
+    total = sum(len(e) for e in expected)
+    prefix = 0
+    for e, g in zip(expected, got, strict=True):
+        for a, b in zip(e, g, strict=False):
+            if a != b:
+                break
+            prefix += 1
+    exact = sum(e == g for e, g in zip(expected, got, strict=True))
+    return {"exact_sequences": exact, "sequences": len(expected), "agreeing_token_fraction": prefix / total}
+
+
+def check_equality(name: str, path: str) -> list[dict]:
+    generator = torch.Generator().manual_seed(1)
+    vocab = MODELS[name][2]["vocab_size"]
+    lengths = torch.randint(5, 60, (EQUALITY_PROMPTS,), generator=generator).tolist()
+    prompts = [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+    rows = []
+    variants = [("float32", torch.float32, {}), ("bfloat16", torch.bfloat16, {}),
+                ("float32", torch.float32, {"batching": "static"}),
+                ("float32", torch.float32, {"kv_layout": "contiguous", "prefix_caching": False})]
+    if flash_available():
+        variants.append(("bfloat16", torch.bfloat16, {"attention": "flash-attn", "block_size": 256}))
+    references = {}
+    for dtype_name, dtype, extra in variants:
+        row = {"model": name, "dtype": dtype_name, **extra}
+        started = time.perf_counter()
+        try:
+            if dtype_name not in references:
+                references[dtype_name] = reference_greedy(path, prompts, EQUALITY_TOKENS, dtype)
+            got = native_greedy(path, prompts, EQUALITY_TOKENS, dtype_name, **extra)
+            row.update(agreement(references[dtype_name], got))
+            row["passed"] = (row["exact_sequences"] == row["sequences"] if dtype_name == "float32"
+                             else row["agreeing_token_fraction"] >= 0.5)
+        except Exception as error:
+            row.update({"passed": False, "error": f"{type(error).__name__}: {error}",
+                        "traceback": traceback.format_exc(limit=5)})
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+        rows.append(row)
+    return rows
+
+
+def flash_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def engine_has_cuda_graphs() -> bool:
+    import inspect
+
+    import engine.runner
+
+    return "CUDAGraph" in inspect.getsource(engine.runner)
+
+
+def check_throughput(path: str, num_prompts: int, input_len: int, output_len: int) -> list[dict]:
+    from engine.bench import build_config, run_config
+    from engine.workloads import WorkloadSpec
+
+    spec = WorkloadSpec(num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=0)
+    runs = [("native sdpa", "continuous", {"attention": "sdpa"})]
+    if engine_has_cuda_graphs():
+        runs.append(("native sdpa, no CUDA graphs", "continuous", {"attention": "sdpa", "cuda_graphs": False}))
+    if flash_available():
+        runs.append(("native flash-attn", "continuous", {"attention": "flash-attn", "block_size": 256}))
+    runs.append(("hf continuous (transformers generate_batch)", "baseline-hf", {}))
+    runs.append(("hf static (transformers generate, padded batch)", "hf-static", {"max_num_seqs": num_prompts}))
+    rows = []
+    for label, preset, extra in runs:
+        row = {"run": label}
+        try:
+            config = build_config(preset, {"model": path, "device": "cuda", "dtype": "bfloat16",
+                                           "max_num_seqs": max(64, num_prompts), **extra})
+            result = run_config(config, spec, num_prompts, 0.0, True)
+            row.update({k: result[k] for k in ("completed", "duration", "output_throughput", "total_token_throughput",
+                                               "mean_ttft_ms", "median_tpot_ms", "mean_e2el_ms", "peak_running",
+                                               "weights_bytes", "kv_cache_bytes", "peak_memory_bytes", "errors")})
+            row["first_error"] = result["first_error"]
+        except Exception as error:
+            row.update({"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc(limit=5)})
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+        rows.append(row)
+        gc.collect()
+        torch.cuda.empty_cache()
+    hf = next((r for r in rows if r["run"].startswith("hf continuous") and "output_throughput" in r), None)
+    for row in rows:
+        if hf and "output_throughput" in row:
+            row["output_throughput_vs_hf_continuous"] = row["output_throughput"] / hf["output_throughput"]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--skip-throughput", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: engine.gpu_check needs a CUDA GPU, and torch.cuda.is_available() is False on this machine",
+              file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    from engine.metrics import describe_device
+
+    started = time.perf_counter()
+    report = {"device": describe_device(), "torch": torch.__version__, "flash_attn": flash_available(),
+              "cuda_graphs_in_engine": engine_has_cuda_graphs(), "equality": [], "throughput": []}
+    import transformers
+
+    report["transformers"] = transformers.__version__
+    print(f"{report['device']} torch {torch.__version__} transformers {transformers.__version__} "
+          f"flash_attn={report['flash_attn']}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        paths = {name: build_model(name, Path(tmp) / name) for name in MODELS}
+        for name, path in paths.items():
+            report["equality"].extend(check_equality(name, path))
+        if not args.skip_throughput:
+            report["throughput"] = check_throughput(paths["llama"], args.num_prompts, args.input_len,
+                                                    args.output_len)
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    report["passed"] = (all(r["passed"] for r in report["equality"])
+                        and all("error" not in r and not r.get("errors") for r in report["throughput"]))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.output} in {report['seconds']} s: {'PASSED' if report['passed'] else 'FAILED'}")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
