@@ -1,0 +1,1 @@
+"""The Gradio playground over the inference engine: layout, handlers, charts, engine pool."""
