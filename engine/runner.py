@@ -79,20 +79,19 @@ class ModelRunner:
         if decode_rows:
             rows = self._tensor(decode_rows)
             lens = self._tensor([kv_lens[r] for r in decode_rows])
-            width = int(max(kv_lens[r] for r in decode_rows))
-            kv_positions = torch.arange(width, device=self.device)
-            meta.decode_kv_slots = self._slots(tables, rows[:, None], kv_positions[None, :])
+            width = -(-max(kv_lens[r] for r in decode_rows) // self.block_size)
+            meta.decode_blocks = tables[rows, :width].flatten()
+            kv_positions = torch.arange(width * self.block_size, device=self.device)
             meta.decode_mask = (kv_positions[None, :] < lens[:, None])[:, None, None, :]
             meta.decode_token_index = self._tensor([token_starts[r] for r in decode_rows])
         for row, token_start, start in spans:
             count, kv_len = query_lens[row], kv_lens[row]
             if start == 0:
-                meta.prefills.append(PrefillSpan(token_start, token_start + count, None, None))
+                meta.prefills.append(PrefillSpan(token_start, token_start + count, kv_len, None, None))
                 continue
-            kv_positions = torch.arange(kv_len, device=self.device)
-            slots = self._slots(tables, row, kv_positions)
+            blocks = tables[row, :-(-kv_len // self.block_size)]
             mask = causal_mask_with_offset(count, kv_len, self.device)
-            meta.prefills.append(PrefillSpan(token_start, token_start + count, slots, mask))
+            meta.prefills.append(PrefillSpan(token_start, token_start + count, kv_len, blocks, mask))
 
     def _flash_metadata(self, tables, query_lens, kv_lens, decode_only) -> dict:
         cu_q = torch.zeros(len(query_lens) + 1, dtype=torch.int32, device=self.device)
