@@ -85,6 +85,7 @@ class Engine:
             "num_params": sum(p.numel() for p in self._core.model.parameters()),
             "dtype": str(self._core.dtype).removeprefix("torch."), "device": self._core.device,
             "device_name": describe_device(), "attention": getattr(self._core, "attention_name", "transformers"),
+            "cuda_graphs": getattr(self._core, "cuda_graphs", False),
             "max_model_len": self._core.max_model_len, "load_seconds": time.perf_counter() - started,
             "notices": notices,
         }

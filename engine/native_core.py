@@ -19,6 +19,7 @@ import torch
 from engine.attention import make_attention
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, flash_attn_available
+from engine.cuda_graphs import DecodeGraphs
 from engine.errors import ConfigError
 from engine.kv_cache import KVCache, bytes_per_block
 from engine.loader import load_native_weights
@@ -114,11 +115,19 @@ class NativeCore:
         model.tie_weights()
         load_native_weights(model, path)
         self.model = model.eval()
-        self.kv_cache = KVCache(self.spec, num_blocks, self.block_size, self.dtype, self.device)
+        use_graphs = config.cuda_graphs and self.device == "cuda" and self.attention_name == "flash-attn"
+        self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
                                    config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device, self.attention_name)
+        decode_graphs = None
+        if use_graphs:
+            decode_graphs = DecodeGraphs(self.model, self.kv_cache.layers, config.max_num_seqs,
+                                         -(-self.max_model_len // self.block_size), num_blocks, self.block_size,
+                                         self.device)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.device, self.attention_name,
+                                  decode_graphs)
+        self.cuda_graphs = use_graphs
         self.weights_bytes = tensor_bytes(self.model)
         self.history: deque[dict] = deque(maxlen=STEP_HISTORY)
         self.steps = 0

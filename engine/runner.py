@@ -12,6 +12,7 @@ import torch
 
 from engine.attention import AttentionMetadata, PrefillSpan, causal_mask_with_offset
 from engine.block_manager import BlockManager
+from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import KVCache
 from engine.model import LlamaFamilyModel
 from engine.sampling import sample
@@ -22,13 +23,14 @@ class ModelRunner:
     """Runs one engine step on the native model and returns the sampled tokens."""
 
     def __init__(self, model: LlamaFamilyModel, kv_cache: KVCache, block_manager: BlockManager,
-                 device: str, attention_name: str):
+                 device: str, attention_name: str, decode_graphs: DecodeGraphs | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.block_size = block_manager.block_size
         self.device = device
         self.flash = attention_name == "flash-attn"
+        self.decode_graphs = decode_graphs
 
     def _tensor(self, values, dtype=torch.long) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -106,7 +108,12 @@ class ModelRunner:
     def execute(self, scheduled: list[ScheduledRequest]) -> list[int]:
         """Run the step; return one sampled token per request that completes its sequence, in order."""
         input_ids, positions, meta, logit_rows = self.prepare(scheduled)
-        hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
+        graphs = self.decode_graphs
+        if graphs is not None and meta.flash["decode_only"] and graphs.fits(len(scheduled)):
+            hidden = graphs.run(input_ids, positions, meta.slot_mapping, meta.flash["seqlens_k"],
+                                meta.flash["block_table"])
+        else:
+            hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
         completing = [item.request for item in scheduled if item.completes_sequence]
         if not completing:
             return []

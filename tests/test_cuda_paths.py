@@ -1,0 +1,45 @@
+"""GPU-only paths of the native engine: flash-attn over the paged cache and CUDA-graph decode steps.
+
+Skipped without CUDA (and without flash_attn for the kernels that need it); `python -m engine.gpu_check`
+runs the same checks with timings on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.gpu
+needs_flash = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="flash_attn not installed")
+PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 300)), [3] * 40, [100, 200, 300, 17]]
+
+
+def greedy(folder: str, **settings) -> list[list[int]]:
+    with Engine(EngineConfig(model=folder, device="cuda", dtype="float32", **settings)) as engine:
+        outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))
+        return [o.token_ids for o in outputs]
+
+
+def test_sdpa_on_cuda_matches_cpu(tiny_llama_dir):
+    with Engine(EngineConfig(model=tiny_llama_dir, device="cpu")) as engine:
+        cpu = [o.token_ids for o in engine.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))]
+    assert greedy(tiny_llama_dir, attention="sdpa") == cpu
+
+
+@needs_flash
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_flash_attn_matches_sdpa(tiny_llama_dir, cuda_graphs):
+    reference = greedy(tiny_llama_dir, attention="sdpa")
+    flash = greedy(tiny_llama_dir, attention="flash-attn", block_size=256, cuda_graphs=cuda_graphs)
+    assert flash == reference
+
+
+@needs_flash
+def test_cuda_graphs_are_used_for_decode(tiny_llama_dir):
+    with Engine(EngineConfig(model=tiny_llama_dir, device="cuda", attention="flash-attn", block_size=256)) as engine:
+        assert engine.info["cuda_graphs"]
+        assert engine.generate([1, 2, 3], SamplingParams(max_tokens=8))[0].token_ids
