@@ -62,13 +62,18 @@ def resolve_max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
     return config.max_model_len
 
 
-def resolve_attention(config: EngineConfig, device: str) -> str:
+def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype) -> str:
+    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256), else sdpa."""
     if config.attention == "auto":
-        use_flash = device == "cuda" and flash_attn_available() and config.block_size % FLASH_BLOCK_MULTIPLE == 0
+        use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
+                     and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
         return "flash-attn" if use_flash else "sdpa"
-    if config.attention == "flash-attn" and config.block_size % FLASH_BLOCK_MULTIPLE:
-        raise ConfigError(f"flash-attn's paged kernels need block_size to be a multiple of {FLASH_BLOCK_MULTIPLE}, "
-                          f"got {config.block_size}")
+    if config.attention == "flash-attn":
+        if dtype == torch.float32:
+            raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
+        if config.block_size % FLASH_BLOCK_MULTIPLE or config.kv_layout != "paged":
+            raise ConfigError(f"flash-attn's paged kernels need kv_layout='paged' and block_size a multiple of "
+                              f"{FLASH_BLOCK_MULTIPLE}, got {config.kv_layout} / {config.block_size}")
     return config.attention
 
 
@@ -102,7 +107,7 @@ class NativeCore:
         self.vocab_size = self.spec.vocab_size
         self.dtype = resolve_dtype(config, hf_config, self.device)
         self.max_model_len = resolve_max_model_len(config, self.spec)
-        self.attention_name = resolve_attention(config, self.device)
+        self.attention_name = resolve_attention(config, self.device, self.dtype)
         self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
         num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
                                        self.device)

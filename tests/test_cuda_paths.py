@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 
@@ -18,8 +17,8 @@ needs_flash = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None,
 PROMPTS = [[5, 6, 7, 8, 9], list(range(10, 300)), [3] * 40, [100, 200, 300, 17]]
 
 
-def greedy(folder: str, **settings) -> list[list[int]]:
-    with Engine(EngineConfig(model=folder, device="cuda", dtype="float32", **settings)) as engine:
+def greedy(folder: str, dtype: str = "float32", **settings) -> list[list[int]]:
+    with Engine(EngineConfig(model=folder, device="cuda", dtype=dtype, **settings)) as engine:
         outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))
         return [o.token_ids for o in outputs]
 
@@ -33,13 +32,16 @@ def test_sdpa_on_cuda_matches_cpu(tiny_llama_dir):
 @needs_flash
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_flash_attn_matches_sdpa(tiny_llama_dir, cuda_graphs):
-    reference = greedy(tiny_llama_dir, attention="sdpa")
-    flash = greedy(tiny_llama_dir, attention="flash-attn", block_size=256, cuda_graphs=cuda_graphs)
-    assert flash == reference
+    """flash-attn computes in bfloat16, where rounding may flip a rare near-tie: demand 95% agreement."""
+    reference = greedy(tiny_llama_dir, "bfloat16", attention="sdpa")
+    flash = greedy(tiny_llama_dir, "bfloat16", attention="flash-attn", block_size=256, cuda_graphs=cuda_graphs)
+    pairs = [(a, b) for ref, out in zip(reference, flash, strict=True) for a, b in zip(ref, out, strict=True)]
+    assert sum(a == b for a, b in pairs) / len(pairs) >= 0.95
 
 
 @needs_flash
 def test_cuda_graphs_are_used_for_decode(tiny_llama_dir):
-    with Engine(EngineConfig(model=tiny_llama_dir, device="cuda", attention="flash-attn", block_size=256)) as engine:
+    with Engine(EngineConfig(model=tiny_llama_dir, device="cuda", dtype="bfloat16", attention="flash-attn",
+                             block_size=256)) as engine:
         assert engine.info["cuda_graphs"]
         assert engine.generate([1, 2, 3], SamplingParams(max_tokens=8))[0].token_ids
