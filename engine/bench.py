@@ -279,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generate exactly the output length (default: on for random prompts)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads) for every run")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
                         help="only build random-llama-20m into FOLDER and exit")
@@ -306,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
                         prefix_len=args.prefix_len, request_rate=args.request_rate, seed=args.seed)
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
     concurrency = args.concurrency or args.num_prompts
-    print(describe_device())
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"{describe_device()}; torch threads: {torch.get_num_threads()}")
     print(f"workload: {json.dumps(asdict(spec), default=str)} "
           f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")
     results = {}
@@ -327,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     report = dict(base)
     workload = {**asdict(spec), "concurrency": concurrency, "temperature": args.temperature, "ignore_eos": ignore_eos}
     workload["request_rate"] = str(spec.request_rate) if math.isinf(spec.request_rate) else spec.request_rate
-    report.update({"preset": args.preset, "workload": workload, "device_name": describe_device()})
+    report.update({"preset": args.preset, "workload": workload, "device_name": describe_device(),
+                   "torch_threads": torch.get_num_threads()})
     if compare:
         report["compare_preset"] = args.compare
         report["compare"] = compare

@@ -133,11 +133,7 @@ def flash_available() -> bool:
 
 
 def engine_has_cuda_graphs() -> bool:
-    import inspect
-
-    import engine.runner
-
-    return "CUDAGraph" in inspect.getsource(engine.runner)
+    return importlib.util.find_spec("engine.cuda_graphs") is not None
 
 
 def check_throughput(path: str, num_prompts: int, input_len: int, output_len: int) -> list[dict]:
@@ -146,10 +142,11 @@ def check_throughput(path: str, num_prompts: int, input_len: int, output_len: in
 
     spec = WorkloadSpec(num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=0)
     runs = [("native sdpa", "continuous", {"attention": "sdpa"})]
-    if engine_has_cuda_graphs():
-        runs.append(("native sdpa, no CUDA graphs", "continuous", {"attention": "sdpa", "cuda_graphs": False}))
     if flash_available():
         runs.append(("native flash-attn", "continuous", {"attention": "flash-attn", "block_size": 256}))
+        if engine_has_cuda_graphs():
+            runs.append(("native flash-attn, no CUDA graphs", "continuous",
+                         {"attention": "flash-attn", "block_size": 256, "cuda_graphs": False}))
     runs.append(("hf continuous (transformers generate_batch)", "baseline-hf", {}))
     runs.append(("hf static (transformers generate, padded batch)", "hf-static", {"max_num_seqs": num_prompts}))
     rows = []
