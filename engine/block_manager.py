@@ -36,6 +36,7 @@ class BlockManager:
         self.cached: dict[int, int] = {}
         self.tables: dict[int, list[int]] = {}
         self.num_hashed: dict[int, int] = {}
+        self.pending: dict[int, int] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -52,20 +53,36 @@ class BlockManager:
     def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
         return hash((parent, tokens))
 
-    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Ids of cached blocks matching the longest prefix of `token_ids`, leaving >= 1 token to compute."""
-        if not self.prefix_caching:
-            return []
-        hits: list[int] = []
-        parent = None
-        for index in range((len(token_ids) - 1) // self.block_size):
+    def _block_hashes(self, token_ids: list[int], start: int, stop: int, parent: int | None):
+        """(index, tokens, chain hash) of full blocks start..stop-1 of `token_ids`."""
+        for index in range(start, stop):
             tokens = tuple(token_ids[index * self.block_size:(index + 1) * self.block_size])
             parent = self.chain_hash(parent, tokens)
-            block_id = self.cached.get(parent)
+            yield index, tokens, parent
+
+    def _lookup(self, token_ids: list[int]) -> tuple[list[int], int | None]:
+        """Cached blocks matching the longest prefix of `token_ids` (leaving >= 1 token to compute),
+        and the hash of the first full block after them that is not cached (None if there is none)."""
+        hits: list[int] = []
+        if not self.prefix_caching:
+            return hits, None
+        for _, tokens, block_hash in self._block_hashes(token_ids, 0, (len(token_ids) - 1) // self.block_size, None):
+            block_id = self.cached.get(block_hash)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
-                break
+                return hits, block_hash
             hits.append(block_id)
-        return hits
+        return hits, None
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[int]:
+        return self._lookup(token_ids)[0]
+
+    def waits_for_pending(self, token_ids: list[int]) -> bool:
+        """True if the next uncached block of this prompt is being computed by a running sequence.
+
+        Admitting such a prompt now would compute the same K/V twice; one step later it is a hit.
+        """
+        _, next_hash = self._lookup(token_ids)
+        return next_hash is not None and next_hash in self.pending
 
     def can_allocate(self, token_ids: list[int]) -> bool:
         hits = self._cached_prefix(token_ids)
@@ -97,6 +114,10 @@ class BlockManager:
         table = hits + [self._take_free_block() for _ in range(self.blocks_needed(len(token_ids)) - len(hits))]
         self.tables[seq_id] = table
         self.num_hashed[seq_id] = len(hits)
+        if self.prefix_caching:
+            parent = self.blocks[hits[-1]].block_hash if hits else None
+            for _, _, block_hash in self._block_hashes(token_ids, len(hits), len(token_ids) // self.block_size, parent):
+                self.pending.setdefault(block_hash, seq_id)
         return len(hits) * self.block_size
 
     def can_grow(self, seq_id: int, num_tokens: int) -> bool:
@@ -118,13 +139,13 @@ class BlockManager:
         first = self.num_hashed[seq_id]
         full = min(num_computed // self.block_size, len(table))
         parent = self.blocks[table[first - 1]].block_hash if first else None
-        for index in range(first, full):
-            tokens = tuple(token_ids[index * self.block_size:(index + 1) * self.block_size])
-            parent = self.chain_hash(parent, tokens)
+        for index, tokens, block_hash in self._block_hashes(token_ids, first, full, parent):
             block = self.blocks[table[index]]
-            block.block_hash = parent
+            block.block_hash = block_hash
             block.token_ids = tokens
-            self.cached.setdefault(parent, block.block_id)
+            self.cached.setdefault(block_hash, block.block_id)
+            if self.pending.get(block_hash) == seq_id:
+                del self.pending[block_hash]
         self.num_hashed[seq_id] = max(first, full)
 
     def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
@@ -153,6 +174,8 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_ids[block_id] = None
         self.num_hashed.pop(seq_id)
+        for block_hash in [h for h, owner in self.pending.items() if owner == seq_id]:
+            del self.pending[block_hash]
 
     def block_table(self, seq_id: int) -> list[int]:
         return self.tables[seq_id]

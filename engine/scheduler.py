@@ -7,9 +7,11 @@ last step (decode). Prefill and decode are the same thing at different sizes, so
 them, as vLLM's v1 scheduler does.
 
 - continuous: running requests go first; new requests join whenever the budget, `max_num_seqs`
-  and free KV blocks allow. When a running request needs a block and none is free, the most
-  recently admitted request is preempted: its blocks are freed and it goes back to the front of
-  the queue, to be recomputed later (its prefix may still be cached).
+  and free KV blocks allow. A prompt whose next uncached prefix block is still being computed by
+  a running request waits a step, then reuses that block instead of computing it again.
+  When a running request needs a block and none is free, the most recently admitted request is
+  preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
+  later (its prefix may still be cached).
 - static: a batch is gathered only when nothing runs, and runs until its last request finishes;
   nothing joins meanwhile, so finished requests leave their slots idle.
 """
@@ -96,6 +98,8 @@ class Scheduler:
             request = self.waiting[0]
             tokens = request.all_token_ids
             if not self.block_manager.can_allocate(tokens):
+                break
+            if not static and self.block_manager.waits_for_pending(tokens):
                 break
             cached = self.block_manager.allocate(request.request_id, tokens)
             self.waiting.popleft()

@@ -21,6 +21,7 @@ def check_invariants(manager: BlockManager) -> None:
         assert (block.block_id in manager.free_ids) == (block.ref_count == 0), "free list disagrees with refs"
     for block_hash, block_id in manager.cached.items():
         assert manager.blocks[block_id].block_hash == block_hash
+    assert set(manager.pending.values()) <= set(manager.tables), "a pending prefix block outlived its sequence"
 
 
 operations = st.lists(st.tuples(st.sampled_from(["allocate", "grow", "commit", "fork", "free"]),
@@ -97,3 +98,14 @@ def test_cached_blocks_are_evicted_when_the_pool_needs_them():
     manager.free(1)
     assert manager.allocate(2, [50] * 12) == 0
     assert not manager.cached, "reallocated blocks drop their stale hashes"
+
+
+def test_a_prefix_being_computed_is_pending_until_committed():
+    manager = BlockManager(16, BLOCK, prefix_caching=True)
+    prompt = list(range(13))
+    manager.allocate(1, prompt)
+    assert manager.waits_for_pending(prompt[:12] + [77, 78])
+    assert not manager.waits_for_pending([50] * 13), "an unrelated prompt does not wait"
+    manager.commit(1, prompt, 13)
+    assert not manager.waits_for_pending(prompt[:12] + [77, 78])
+    assert manager.allocate(2, prompt[:12] + [77, 78]) == 12

@@ -149,6 +149,15 @@ def test_prefix_cache_hits_on_a_shared_prompt(tiny_llama_dir):
         assert engine.stats()["prefix_cache_hit_rate"] > 0.4
 
 
+def test_requests_arriving_together_share_a_prefix_computed_once(tiny_llama_dir):
+    """The second prompt waits one step for the first to compute the shared blocks, then reuses them."""
+    prefix = list(range(10, 74))
+    with Engine(EngineConfig(model=tiny_llama_dir, block_size=16, prefix_caching=True)) as engine:
+        outputs = engine.generate([prefix + [1], prefix + [2], prefix + [3]],
+                                  SamplingParams(max_tokens=4, ignore_eos=True))
+    assert [o.metrics.cached_tokens for o in outputs] == [0, 64, 64]
+
+
 # ---- bad input: one clear error, and the engine keeps serving ------------------------------------
 
 
