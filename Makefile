@@ -1,27 +1,38 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
-VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell sha1sum requirements.txt | cut -c1-12)
-SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+VENV      := .venv
+PY        := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.run-$(shell cat requirements.txt | sha1sum | cut -c1-12)
+TEST_STAMP:= $(VENV)/.test-$(shell cat requirements.txt requirements-test.txt | sha1sum | cut -c1-12)
+SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint chromium bench demo-model
+.PHONY: run test lint chromium demo-model gpu-check
 
-$(STAMP): requirements.txt
-	test -x $(PY) || python3 -m venv $(VENV)
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+
+# The CPU wheel of torch is pinned in requirements.txt, so no multi-GB CUDA build is pulled here.
+$(RUN_STAMP): requirements.txt | $(VENV)/bin/python
 	$(PY) -m pip install -q -r requirements.txt
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+	rm -f $(VENV)/.run-* && touch $@
+
+$(TEST_STAMP): requirements-test.txt $(RUN_STAMP)
+	$(PY) -m pip install -q -r requirements-test.txt
+	rm -f $(VENV)/.test-* && touch $@
 
 # Browser tests drive the system Chromium (never a browser downloaded by a test tool).
 chromium:
 	@command -v chromium >/dev/null || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(PY) app.py
 
-test: $(STAMP) chromium
+test: $(TEST_STAMP) chromium
 	$(PY) -m ruff check engine playground tests app.py
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
-	$(PY) -m engine.bench --help
+lint: $(TEST_STAMP)
+	$(PY) -m ruff check engine playground tests app.py
+
+gpu-check: $(RUN_STAMP)
+	$(PY) -m engine.gpu_check
