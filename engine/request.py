@@ -47,9 +47,9 @@ class RequestOutput:
     error: str | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """Engine-side state of one request. Only the engine loop thread mutates it."""
+    """Engine-side state of one request. Only the engine loop thread mutates it (identity equality)."""
 
     prompt_token_ids: list[int]
     params: SamplingParams
