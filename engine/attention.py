@@ -1,7 +1,8 @@
 """Attention backends over the KV cache.
 
-All backends read and write the same cache: one tensor per layer of shape
-[num_slots, num_kv_heads, head_dim] for K and for V, where slot = block_id * block_size + offset.
+Caches hold one K and one V tensor per layer, indexed by slot = block_id * block_size + offset:
+head-major [num_kv_heads, num_slots, head_dim] for the torch backends, slot-major
+[num_slots, num_kv_heads, head_dim] for flash-attn (see kv_cache.py).
 A step's batch is flat (all sequences' new tokens concatenated), and `AttentionMetadata`, built
 once per step by the runner, says where each token's K/V goes and which slots each sequence
 reads. Sequences with one new token (decode) are attended together in one padded batch;
@@ -75,7 +76,7 @@ def eager_kernel(q, k, v, mask, scale, causal):
 
 
 class PagedAttention:
-    """Writes the step's K/V into the cache, then attends with a pluggable kernel (sdpa or eager)."""
+    """Writes the step's K/V into a head-major cache, then attends with a kernel (sdpa or eager)."""
 
     def __init__(self, kernel, head_dim: int, block_size: int):
         self.kernel = kernel
@@ -83,35 +84,31 @@ class PagedAttention:
         self.block_size = block_size
 
     def _blocks(self, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-        """[len(block_ids) * block_size, H, D]: the listed blocks, in order."""
-        paged = cache.view(-1, self.block_size, *cache.shape[1:])
-        return paged.index_select(0, block_ids).view(-1, *cache.shape[1:])
-
-    def _decode_kv(self, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """[B, H, S, D] keys or values of every decoding sequence, padded to the longest."""
-        batch = meta.decode_token_index.shape[0]
-        gathered = self._blocks(cache, meta.decode_blocks).view(batch, -1, *cache.shape[1:])
-        return gathered.transpose(1, 2).contiguous()
+        """[H, len(block_ids) * block_size, D]: the listed blocks of every head, in order."""
+        heads, _, dim = cache.shape
+        paged = cache.view(heads, -1, self.block_size, dim)
+        return paged.index_select(1, block_ids).view(heads, -1, dim)
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
         out = torch.empty_like(q)
         if meta.decode_token_index is not None:
+            batch = meta.decode_token_index.shape[0]
             q_dec = q.index_select(0, meta.decode_token_index).unsqueeze(2)           # [B, Hq, 1, D]
-            attended = self.kernel(q_dec, self._decode_kv(k_cache, meta), self._decode_kv(v_cache, meta),
-                                   meta.decode_mask, self.scale, False)
+            k_dec = self._blocks(k_cache, meta.decode_blocks).unflatten(1, (batch, -1)).transpose(0, 1)
+            v_dec = self._blocks(v_cache, meta.decode_blocks).unflatten(1, (batch, -1)).transpose(0, 1)
+            attended = self.kernel(q_dec, k_dec, v_dec, meta.decode_mask, self.scale, False)
             out.index_copy_(0, meta.decode_token_index, attended.squeeze(2))
         for span in meta.prefills:
             q_span = q[span.token_start:span.token_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
             if span.kv_blocks is None:
-                k_span = k[span.token_start:span.token_end]
-                v_span = v[span.token_start:span.token_end]
+                k_span = k[span.token_start:span.token_end].transpose(0, 1)
+                v_span = v[span.token_start:span.token_end].transpose(0, 1)
             else:
-                k_span = self._blocks(k_cache, span.kv_blocks)[:span.kv_len]
-                v_span = self._blocks(v_cache, span.kv_blocks)[:span.kv_len]
-            attended = self.kernel(q_span, k_span.transpose(0, 1).unsqueeze(0), v_span.transpose(0, 1).unsqueeze(0),
-                                   span.mask, self.scale, True)
+                k_span = self._blocks(k_cache, span.kv_blocks)[:, :span.kv_len]
+                v_span = self._blocks(v_cache, span.kv_blocks)[:, :span.kv_len]
+            attended = self.kernel(q_span, k_span.unsqueeze(0), v_span.unsqueeze(0), span.mask, self.scale, True)
             out[span.token_start:span.token_end] = attended.squeeze(0).transpose(0, 1)
         return out
 

@@ -2,6 +2,10 @@
 
 The pool is sized once from `kv_cache_bytes`; blocks are handed out by the BlockManager. It is
 zero-filled because padded attention reads masked slots, and 0 * NaN garbage would leak NaN.
+
+Two layouts of the same slots: slot-major [slots, kv_heads, head_dim] is what flash-attn's paged
+kernels read; head-major [kv_heads, slots, head_dim] lets the torch backends gather a sequence's
+blocks straight into the [heads, length, head_dim] shape attention wants, with no transpose copy.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ def bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int
 
 
 class KVCache:
-    """Per-layer K/V tensors of shape [num_blocks * block_size, num_kv_heads, head_dim]."""
+    """Per-layer K and V tensors over `num_blocks * block_size` slots, slot-major or head-major."""
 
-    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device: str):
+    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device: str,
+                 head_major: bool):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.block_bytes = bytes_per_block(spec, block_size, dtype)
-        shape = (2, spec.num_layers, num_blocks * block_size, spec.num_kv_heads, spec.head_dim)
-        self.storage = torch.zeros(shape, dtype=dtype, device=device)
+        slots = num_blocks * block_size
+        per_layer = (spec.num_kv_heads, slots) if head_major else (slots, spec.num_kv_heads)
+        self.storage = torch.zeros((2, spec.num_layers, *per_layer, spec.head_dim), dtype=dtype, device=device)
         self.layers = [(self.storage[0, layer], self.storage[1, layer]) for layer in range(spec.num_layers)]
 
     @property

@@ -121,7 +121,8 @@ class NativeCore:
         load_native_weights(model, path)
         self.model = model.eval()
         use_graphs = config.cuda_graphs and self.device == "cuda" and self.attention_name == "flash-attn"
-        self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device)
+        self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device,
+                                head_major=self.attention_name != "flash-attn")
         self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
                                    config.max_num_batched_tokens)
