@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -246,6 +247,19 @@ def _describe(result: dict) -> str:
             f"attention={result['attention']} dtype={result['dtype']} device={result['device']}")
 
 
+def source_revision() -> str | None:
+    """The git commit the engine code comes from ("+dirty" when engine/ has local changes), if known."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engine"], cwd=root, capture_output=True,
+                               text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
 # ---- CLI ---------------------------------------------------------------------------------------
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -331,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = {**asdict(spec), "concurrency": concurrency, "temperature": args.temperature, "ignore_eos": ignore_eos}
     workload["request_rate"] = str(spec.request_rate) if math.isinf(spec.request_rate) else spec.request_rate
     report.update({"preset": args.preset, "workload": workload, "device_name": describe_device(),
-                   "torch_threads": torch.get_num_threads()})
+                   "torch_threads": torch.get_num_threads(), "source_revision": source_revision()})
     if compare:
         report["compare_preset"] = args.compare
         report["compare"] = compare
