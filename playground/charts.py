@@ -31,8 +31,9 @@ class ChartSpec:
     color: str | None = None
 
 
-TTFT = ChartSpec("ttft", "bar", "Time to first token per turn", "turn", "ttft_ms",
-                 "turn (#)", "TTFT (ms)", color="config")
+# No colour per configuration: gradio's plots fix their colour domain at first render, so a new
+# configuration's bars would not show; the configuration is in each bar's tooltip instead.
+TTFT = ChartSpec("ttft", "bar", "Time to first token per turn", "turn", "ttft_ms", "turn (#)", "TTFT (ms)")
 THROUGHPUT = ChartSpec("throughput", "line", "Engine throughput", "time_s", "tokens_per_s",
                        "time (s, 0 = now)", "tokens / s", color="phase")
 MEMORY_KINDS = ("weights", "KV allocated", "KV in use", "peak")
@@ -54,7 +55,7 @@ def ttft_frame(turns: list[dict]) -> pd.DataFrame:
     """One bar per chat turn, coloured by the configuration that served it."""
     rows = [{"turn": str(t["turn"]), "ttft_ms": t["ttft_ms"], "config": t["config"]}
             for t in turns if t.get("ttft_ms") is not None]
-    return _typed(rows, {"turn": str, "ttft_ms": float, "config": str})
+    return _typed(rows, {"turn": object, "ttft_ms": float, "config": object})
 
 
 def _bin_starts() -> list[float]:
@@ -85,7 +86,7 @@ def throughput_frame(steps: list[dict], now: float) -> pd.DataFrame:
     rows = [{"time_s": x + BIN_S, "tokens_per_s": tokens / BIN_S, "phase": phase}
             for phase, series in (("prefill", prefill), ("decode", decode))
             for x, tokens in zip(starts, series, strict=True)]
-    return _typed(rows, {"time_s": float, "tokens_per_s": float, "phase": str})
+    return _typed(rows, {"time_s": float, "tokens_per_s": float, "phase": object})
 
 
 def batch_frame(steps: list[dict], now: float) -> pd.DataFrame:
@@ -105,7 +106,7 @@ def memory_frame(stats: dict | None) -> pd.DataFrame:
     kinds = zip(MEMORY_KINDS, ("weights_bytes", "kv_cache_bytes", "kv_cache_used_bytes", "peak_memory_bytes"),
                 strict=True)
     rows = [{"kind": label, "mib": (stats.get(key) or 0) / MIB} for label, key in kinds] if stats else []
-    return _typed(rows, {"kind": str, "mib": float})
+    return _typed(rows, {"kind": object, "mib": float})
 
 
 def kv_sample(stats: dict, now: float) -> dict:
@@ -122,7 +123,7 @@ def kv_blocks_frame(samples: list[dict], now: float) -> pd.DataFrame:
         if 0 <= age < WINDOW_S:
             rows.append({"time_s": -age, "blocks": sample["used"], "series": "in use"})
             rows.append({"time_s": -age, "blocks": sample["total"], "series": "allocated"})
-    return _typed(rows, {"time_s": float, "blocks": float, "series": str})
+    return _typed(rows, {"time_s": float, "blocks": float, "series": object})
 
 
 def trim_samples(samples: list[dict], now: float) -> list[dict]:

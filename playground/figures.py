@@ -7,6 +7,7 @@ Definitions follow DESIGN.md: TTFT from arrival to the first output token; decod
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
 
@@ -65,21 +66,31 @@ def figures_html(figures: dict, finish_reason: str | None = None) -> str:
     return f'<div class="msg-figures">{body}</div>'
 
 
-def config_summary(config: dict) -> str:
-    """The active configuration in one short line, e.g. for the header."""
-    parts = [config["model"], config["backend"], config["dtype"]]
+def model_label(model: str) -> str:
+    """A model as people name it: a curated name or hub id as is, a local folder by its name."""
+    return Path(model).name if model.startswith(("/", ".", "~")) else model
+
+
+def config_summary(config: dict, info: dict | None = None) -> str:
+    """The active configuration in one short line, e.g. for the header.
+
+    `info` (the loaded engine's) replaces `auto` choices by what they resolved to.
+    """
+    info = info or {}
+    parts = [model_label(config["model"]), info.get("backend") or config["backend"],
+             info.get("dtype") or config["dtype"]]
     if config["quantization"] != "none":
         parts.append(config["quantization"])
-    parts.append(f"attn {config['attention']}")
+    parts.append(info.get("attention") or f"attention {config['attention']}")
     kv = f"{config['kv_layout']} KV"
     if config["kv_layout"] == "paged":
         kv += f"/{config['block_size']}"
     if config["prefix_caching"]:
-        kv += " + prefix cache"
+        kv += " + prefix"
     parts.append(kv)
     if config.get("kv_cache_bytes"):
         parts.append(f"KV budget {format_bytes(config['kv_cache_bytes'])}")
-    parts.append(f"{config['batching']} x{config['max_num_seqs']}")
+    parts.append(f"{config['batching']} ×{config['max_num_seqs']}")
     if config["speculative"] != "off":
         source = config["draft_model"] if config["speculative"] == "draft" else "n-gram"
         parts.append(f"spec {source} k={config['num_speculative_tokens']}")
@@ -95,11 +106,11 @@ def header_html(device: str, config: dict | None, info: dict | None, load_second
     if config is None:
         active = '<span class="hdr-muted">no engine loaded</span>'
     else:
-        active = html.escape(config_summary(config))
+        active = html.escape(config_summary(config, info))
         if info and info.get("num_params"):
             active += f' <span class="hdr-muted">· {info["num_params"] / 1e6:.1f}M params</span>'
         if load_seconds is not None:
-            active += f' <span class="hdr-muted">· loaded in {load_seconds:.1f} s</span>'
+            active += f' <span class="hdr-muted">· loaded {load_seconds:.1f} s</span>'
     return (f'<div class="hdr"><span class="hdr-title">Inference Playground</span>'
             f'<span class="hdr-device">{html.escape(device)}</span>'
             f'<span class="hdr-config">{active}</span></div>')

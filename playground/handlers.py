@@ -13,7 +13,6 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gradio as gr
 
@@ -22,7 +21,7 @@ from engine.errors import EngineError
 from engine.sampling import SamplingParams
 from playground import charts
 from playground.conversation import PromptTooLong, as_prompt, count_prompt_tokens, fit_history
-from playground.figures import figures_html, format_bytes, header_html, reply_figures
+from playground.figures import figures_html, format_bytes, header_html, model_label, reply_figures
 from playground.pool import EnginePool
 from playground.settings import Settings
 
@@ -217,11 +216,14 @@ class Playground:
         """Fill the header and the panel for a new tab from its session's configuration."""
         session = session or self.new_session()
         form = config_to_form(session.config, self.curated)
+        return (self.header(session), *[form[f] for f in FORM_FIELDS], session, self.pool_summary(session))
+
+    def header(self, session: Session) -> str:
+        """The header for this session's configuration, with what `auto` resolved to once loaded."""
         with self.pool.lease_if_loaded(session.config) as entry:
             info = dict(entry.engine.info) if entry else None
             load_seconds = entry.load_seconds if entry else None
-        header = header_html(self.device, session.config, info, load_seconds)
-        return (header, *[form[f] for f in FORM_FIELDS], session, self.pool_summary(session))
+        return header_html(self.device, session.config, info, load_seconds)
 
     # ----- chat ----------------------------------------------------------------------------
 
@@ -329,8 +331,9 @@ class Playground:
         return self._frames(session, engine)
 
     def refresh(self, session: Session) -> tuple:
-        """Timer tick: the charts and the pool summary."""
-        return (*self.chart_frames(session), self.pool_summary(session))
+        """Timer tick: the charts, the pool summary and the header."""
+        session = session or self.new_session()
+        return (*self.chart_frames(session), self.pool_summary(session), self.header(session))
 
     def _frames(self, session: Session, engine) -> tuple:
         now = time.perf_counter()
@@ -339,8 +342,10 @@ class Playground:
             steps = engine.step_history(since=now - charts.WINDOW_S)
             stats = engine.stats()
             session.kv_samples = charts.trim_samples(session.kv_samples, now) + [charts.kv_sample(stats, now)]
-        return (charts.ttft_frame(session.turns), charts.throughput_frame(steps, now), charts.memory_frame(stats),
-                charts.kv_blocks_frame(session.kv_samples, now), charts.batch_frame(steps, now))
+        frames = (charts.ttft_frame(session.turns), charts.throughput_frame(steps, now), charts.memory_frame(stats),
+                  charts.kv_blocks_frame(session.kv_samples, now), charts.batch_frame(steps, now))
+        # An empty frame is not sent: gradio's plots do not recover from a first render without data.
+        return tuple(gr.skip() if frame.empty else frame for frame in frames)
 
     def pool_summary(self, session: Session | None) -> str:
         entries = self.pool.entries()
@@ -373,7 +378,7 @@ class Playground:
 
 
 def _short_config(config: dict) -> str:
-    parts = [Path(config["model"]).name if "/" in config["model"] else config["model"], config["dtype"]]
+    parts = [model_label(config["model"]), config["dtype"]]
     for name, default in (("quantization", "none"), ("speculative", "off")):
         if config[name] != default:
             parts.append(config[name])

@@ -43,10 +43,15 @@ def _dropdown(field_name: str, info: str, values) -> gr.Dropdown:
 
 
 def _plot(spec: charts.ChartSpec):
+    # y_lim starts every axis at 0: gradio's plots do not include zero by themselves, so a single bar
+    # (one chat turn) would otherwise have no height.
     kwargs = dict(x=spec.x, y=spec.y, title=spec.title, x_title=spec.x_title, y_title=spec.y_title,
-                  height=PLOT_HEIGHT, show_label=False, elem_id=f"chart-{spec.name}", elem_classes=["chart"])
+                  y_lim=[0, None], height=PLOT_HEIGHT, show_label=False, elem_id=f"chart-{spec.name}",
+                  elem_classes=["chart"])
     if spec.color:
         kwargs["color"] = spec.color
+    if spec is charts.TTFT:
+        kwargs["tooltip"] = "all"
     if spec.kind == "bar":
         if spec is charts.MEMORY:
             kwargs["sort"] = list(charts.MEMORY_KINDS)
@@ -163,6 +168,7 @@ def build_app(app: Playground) -> gr.Blocks:
         stop.click(None, cancels=[chat_event]).then(
             app.stopped, [session], [chatbot, session, figures, *plots], api_visibility="private")
         clear.click(app.clear, [session], [chatbot, session, figures], api_visibility="private")
-        timer.tick(app.refresh, [session], [*plots, pool_html], show_progress="hidden",
-                   api_visibility="private", concurrency_limit=None)
+        # Ticks bypass the queue, so open tabs never fill PLAYGROUND_MAX_QUEUE with chart refreshes.
+        timer.tick(app.refresh, [session], [*plots, pool_html, header], show_progress="hidden",
+                   api_visibility="private", queue=False)
     return demo

@@ -272,7 +272,7 @@ def test_apply_then_chat_returns_reply_and_figures(running_app):
     client = Client(running_app.url, verbose=False)
     header, status, pool = apply(client, running_app.app, block_size=8, max_num_seqs=4)
     assert "Loaded in" in status or "Shared engine" in status
-    assert "paged KV/8" in header and "continuous x4" in header
+    assert "paged KV/8" in header and "continuous ×4" in header
     chatbot, figures, chart_values = chat(client, "What does the KV cache store?")
     assert chatbot[-1]["role"] == "assistant" and "msg-figures" in str(chatbot[-1]["content"])
     assert figures["ttft_ms"] > 0 and figures["prompt_tokens"] > 0
@@ -303,3 +303,21 @@ def test_bad_configuration_is_refused_and_previous_engine_still_answers(running_
     assert 1 <= figures["output_tokens"] <= cap and "error" not in figures
     with pytest.raises(Exception, match="maximum"):  # PLAYGROUND_MAX_NEW_TOKENS is enforced by the API too
         chat(client, "More please", max_tokens=cap + 100)
+
+
+@pytest.mark.slow
+def test_closing_the_chat_stream_cancels_the_request(running_app):
+    """What the Stop button does: Gradio closes the chat generator, which cancels the engine request."""
+    app = running_app.app
+    session = app.new_session()
+    replies = app.chat("Tell me a long story.", app.settings.max_new_tokens, 0.0, session)
+    next(replies)  # the user's message is shown
+    next(replies)  # the first streamed text
+    replies.close()
+    assert session.last_figures["finish_reason"] == "cancelled"
+    assert "stopped" in session.display[-1]["content"] and not session.streaming
+    with app.pool.lease(session.config) as entry:
+        deadline = time.monotonic() + 5
+        while entry.engine.stats()["num_running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert entry.engine.stats()["num_running"] == 0
