@@ -170,7 +170,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(config)
     try:
-        vocab = engine._core.vocab_size
+        vocab = engine.info["vocab_size"]
         if warmup:
             send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
         requests = build_workload(spec, vocab)

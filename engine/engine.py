@@ -82,7 +82,7 @@ class Engine:
         self._warm_up()
         self.info = {
             "model": config.model, "path": str(path), "architecture": architecture, "backend": config.backend,
-            "num_params": sum(p.numel() for p in self._core.model.parameters()),
+            "num_params": sum(p.numel() for p in self._core.model.parameters()), "vocab_size": self._core.vocab_size,
             "dtype": str(self._core.dtype).removeprefix("torch."), "device": self._core.device,
             "device_name": describe_device(), "attention": getattr(self._core, "attention_name", "transformers"),
             "cuda_graphs": getattr(self._core, "cuda_graphs", False),
