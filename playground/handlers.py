@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from engine.config import EngineConfig, load_preset, unavailable_reason
+from engine.config import EngineConfig, load_preset, preset_description, unavailable_reason
 from engine.errors import EngineError
 from engine.sampling import SamplingParams
 from playground import charts
@@ -139,7 +139,13 @@ class Playground:
         return Session(config=dict(self.default_config))
 
     def validate(self, config: dict) -> dict:
-        """A complete, validated config dict; raises ConfigError / ValueError with the reason."""
+        """A complete, validated config dict; raises ConfigError / ValueError with the reason.
+
+        Draft mode without a draft model takes the curated draft paired with the model.
+        """
+        entry = self.models.get(config["model"])
+        if config.get("speculative") == "draft" and not config.get("draft_model") and entry is not None:
+            config = {**config, "draft_model": entry.draft}
         resolved = EngineConfig.from_dict(config).to_dict()
         for name in (resolved["model"], resolved.get("draft_model")):
             refusal = name and self.settings.model_refusal(name)
@@ -205,12 +211,16 @@ class Playground:
                gr.Button(interactive=True, value="Apply"), session, self.pool_summary(session))
 
     def preset(self, name: str, session: Session) -> tuple:
-        """Fill the panel from an optimization preset (the caller chains `apply`)."""
-        values = {**(session or self.new_session()).config, **load_preset(name)}
-        form = config_to_form(values, self.curated)
-        extras = {k: v for k, v in load_preset(name).items()
-                  if k not in FORM_FIELDS and k != "kv_cache_bytes"}
-        return (*[form[f] for f in FORM_FIELDS], extras)
+        """Fill the panel from an optimization preset, on top of the session's configuration.
+
+        Returns the panel's values, the preset fields that have no control, and a note saying
+        what the preset is; the caller chains `apply`.
+        """
+        preset = load_preset(name)
+        form = config_to_form({**(session or self.new_session()).config, **preset}, self.curated)
+        extras = {k: v for k, v in preset.items() if k not in FORM_FIELDS and k != "kv_cache_bytes"}
+        note = f'<div class="check ok">preset <b>{_escape(name)}</b>: {_escape(preset_description(name))}</div>'
+        return (*[form[f] for f in FORM_FIELDS], extras, note)
 
     def page_load(self, session: Session) -> tuple:
         """Fill the header and the panel for a new tab from its session's configuration."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.config import CHOICES, list_presets, preset_description
+from engine.config import CHOICES, list_presets
 from playground import charts
 from playground.figures import header_html
 from playground.handlers import FORM_FIELDS, Playground, availability_note, choice_label
@@ -26,7 +26,7 @@ THEME = gr.themes.Soft(
 BLOCK_SIZES = [8, 16, 32, 64, 128, 256]
 GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
 TP_CHOICES = [1, 2, 4, 8]
-PLOT_HEIGHT = 170
+PLOT_HEIGHT = 160
 
 
 def _radio(field_name: str, info: str, values=None) -> gr.Radio:
@@ -45,9 +45,10 @@ def _dropdown(field_name: str, info: str, values) -> gr.Dropdown:
 def _plot(spec: charts.ChartSpec):
     # y_lim starts every axis at 0: gradio's plots do not include zero by themselves, so a single bar
     # (one chat turn) would otherwise have no height.
-    kwargs = dict(x=spec.x, y=spec.y, title=spec.title, x_title=spec.x_title, y_title=spec.y_title,
-                  y_lim=[0, None], height=PLOT_HEIGHT, show_label=False, elem_id=f"chart-{spec.name}",
-                  elem_classes=["chart"])
+    # The block label (not a plot title) names the chart, so it is named even before it has data.
+    kwargs = dict(x=spec.x, y=spec.y, label=spec.title, show_label=True, x_title=spec.x_title,
+                  y_title=spec.y_title, y_lim=[0, None], y_axis_format="~f", height=PLOT_HEIGHT,
+                  elem_id=f"chart-{spec.name}", elem_classes=["chart"])
     if spec.color:
         kwargs["color"] = spec.color
     if spec is charts.TTFT:
@@ -112,8 +113,7 @@ def build_app(app: Playground) -> gr.Blocks:
         with gr.Row(equal_height=False, elem_id="main-row"):
             with gr.Column(scale=3, min_width=300, elem_id="engine-panel"):
                 gr.HTML('<div class="panel-title">Engine</div>')
-                preset = gr.Dropdown([(f"{p} — {preset_description(p)}" if preset_description(p) else p, p)
-                                      for p in presets], value=None, label="optimization preset",
+                preset = gr.Dropdown(presets, value=None, label="optimization preset",
                                      info="a one-click starting point: fills the panel and applies it",
                                      elem_id="preset", elem_classes=["ctl"])
                 controls = _engine_panel(app)
@@ -157,7 +157,7 @@ def build_app(app: Playground) -> gr.Blocks:
             app.apply, [*form, extras, session], [header, status, apply_btn, session, pool_html],
             api_name="apply", concurrency_limit=1, show_progress="hidden")
         apply_event.then(app.chart_frames, [session], plots, show_progress="hidden", api_visibility="private")
-        preset.input(app.preset, [preset, session], [*form, extras], api_visibility="private").then(
+        preset.input(app.preset, [preset, session], [*form, extras, check], api_visibility="private").then(
             app.apply, [*form, extras, session], [header, status, apply_btn, session, pool_html],
             concurrency_limit=1, show_progress="hidden", api_visibility="private").then(
             app.chart_frames, [session], plots, show_progress="hidden", api_visibility="private")

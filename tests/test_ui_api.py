@@ -321,3 +321,24 @@ def test_closing_the_chat_stream_cancels_the_request(running_app):
         while entry.engine.stats()["num_running"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert entry.engine.stats()["num_running"] == 0
+
+
+def test_preset_fills_the_panel_on_top_of_the_session_configuration(running_app):
+    app = running_app.app
+    session = app.new_session()
+    *values, extras, note = app.preset("contiguous-kv", session)
+    form = dict(zip(FORM_FIELDS, values, strict=True))
+    assert form["kv_layout"] == "contiguous" and form["prefix_caching"] is False
+    assert form["custom_model"] == session.config["model"] or form["model"] == session.config["model"]
+    assert "contiguous-kv" in note and extras == {}
+    app.validate(form_to_config(form, extras))  # a preset is a valid starting point
+
+
+def test_allowed_models_are_enforced_when_applying():
+    from playground.handlers import Playground
+
+    app = Playground(pool=None, settings=Settings(allowed_models=frozenset({"demo"})), models={},
+                     device="CPU", default_config=EngineConfig().to_dict())
+    app.validate(EngineConfig(model="demo").to_dict())
+    with pytest.raises(ValueError, match="not allowed on this server"):
+        app.validate(EngineConfig(model="someone/huge-model").to_dict())
