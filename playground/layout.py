@@ -137,7 +137,7 @@ def build_app(app: Playground) -> gr.Blocks:
                 with gr.Row(elem_id="sampling"):
                     max_new_tokens = gr.Slider(1, app.settings.max_new_tokens,
                                                value=min(128, app.settings.max_new_tokens), step=1,
-                                               label="max_tokens", info="new tokens per reply")
+                                               label="max_tokens", info="new tokens per reply", elem_id="max-tokens")
                     temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature",
                                             info="0 = greedy")
                     clear = gr.Button("Clear chat", size="sm", elem_id="clear", min_width=80)

@@ -342,3 +342,26 @@ def test_allowed_models_are_enforced_when_applying():
     app.validate(EngineConfig(model="demo").to_dict())
     with pytest.raises(ValueError, match="not allowed on this server"):
         app.validate(EngineConfig(model="someone/huge-model").to_dict())
+
+
+@pytest.mark.slow
+def test_sessions_with_the_same_configuration_are_batched_together(running_app):
+    app = running_app.app
+    sessions = [app.new_session() for _ in range(3)]
+    barrier = threading.Barrier(len(sessions))
+    started = time.perf_counter()
+
+    def converse(session):
+        barrier.wait()
+        for _ in app.chat("Hello, who are you?", app.settings.max_new_tokens, 0.0, session):
+            pass
+
+    threads = [threading.Thread(target=converse, args=(s,)) for s in sessions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(s.last_figures["output_tokens"] >= 1 for s in sessions)
+    with app.pool.lease(sessions[0].config) as entry:
+        steps = entry.engine.step_history(since=started)
+    assert max(step["batch_size"] for step in steps) >= 2, "concurrent chats did not share a batch"
