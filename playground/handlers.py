@@ -203,7 +203,7 @@ class Playground:
         session.extras = dict(extras or {})
         detail = (f"weights {format_bytes(stats.get('weights_bytes'))} · "
                   f"KV cache {format_bytes(stats.get('kv_cache_bytes'))}")
-        title = (f"Shared engine (loaded {load_seconds:.1f} s earlier by the pool)" if shared
+        title = (f"Sharing the loaded engine (its load took {load_seconds:.1f} s)" if shared
                  else f"Loaded in {load_seconds:.1f} s")
         notices = "".join(f"<li>{_escape(n)}</li>" for n in info.get("notices") or [])
         yield (header_html(self.device, config, info, load_seconds),

@@ -64,7 +64,7 @@ def _engine_panel(app: Playground) -> dict:
     """The engine panel's controls by EngineConfig field name (plus the free model field)."""
     settings = app.settings
     controls: dict = {}
-    model_choices = [(f"{e.label or name}" + (f" · {e.params}" if e.params else ""), name)
+    model_choices = [(e.label or (f"{name} · {e.params}" if e.params else name), name)
                      for name, e in app.models.items()]
     # Custom values are allowed here and checked against the hosting limits when applied.
     controls["model"] = gr.Dropdown(model_choices, label="model", elem_classes=["ctl"], allow_custom_value=True,

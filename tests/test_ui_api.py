@@ -7,9 +7,14 @@ built in a temporary folder (with a tokenizer and chat template, so the chat pat
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -271,7 +276,7 @@ def test_apply_then_chat_returns_reply_and_figures(running_app):
 
     client = Client(running_app.url, verbose=False)
     header, status, pool = apply(client, running_app.app, block_size=8, max_num_seqs=4)
-    assert "Loaded in" in status or "Shared engine" in status
+    assert "Loaded in" in status or "Sharing the loaded engine" in status
     assert "paged KV/8" in header and "continuous ×4" in header
     chatbot, figures, chart_values = chat(client, "What does the KV cache store?")
     assert chatbot[-1]["role"] == "assistant" and "msg-figures" in str(chatbot[-1]["content"])
@@ -284,7 +289,7 @@ def test_apply_then_chat_returns_reply_and_figures(running_app):
     # A second session with the same configuration shares the engine instead of loading another.
     other = Client(running_app.url, verbose=False)
     _, other_status, _ = apply(other, running_app.app, block_size=8, max_num_seqs=4)
-    assert "Shared engine" in other_status
+    assert "Sharing the loaded engine" in other_status
     assert len(running_app.app.pool.entries()) == 1
 
 
@@ -365,3 +370,28 @@ def test_sessions_with_the_same_configuration_are_batched_together(running_app):
     with app.pool.lease(sessions[0].config) as entry:
         steps = entry.engine.step_history(since=started)
     assert max(step["batch_size"] for step in steps) >= 2, "concurrent chats did not share a batch"
+
+
+@pytest.mark.slow
+def test_python_app_py_serves_on_the_port_from_the_environment():
+    port = free_port()
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    process = subprocess.Popen([sys.executable, "app.py"], cwd=root, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
+                    page = response.read().decode()
+                break
+            except OSError:
+                assert process.poll() is None, "app.py exited"
+                assert time.monotonic() < deadline, "app.py did not serve in time"
+                time.sleep(0.5)
+        assert "Inference Playground" in page
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
