@@ -7,6 +7,7 @@ the engine cannot use here says so (label and note) instead of pretending to wor
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import gradio as gr
@@ -67,8 +68,17 @@ def _engine_panel(app: Playground) -> dict:
     model_choices = [(e.label or (f"{name} · {e.params}" if e.params else name), name)
                      for name, e in app.models.items()]
     # Custom values are allowed here and checked against the hosting limits when applied.
+    notes = {name: entry.memory for name, entry in app.models.items() if entry.memory}
     controls["model"] = gr.Dropdown(model_choices, label="model", elem_classes=["ctl"], allow_custom_value=True,
                                     info="curated models (presets/models.toml)")
+    model_note = gr.HTML(elem_id="model-note")
+
+    def describe_model(name: str) -> str:
+        note = notes.get(name)
+        return f'<div class="model-note">{html.escape(note)}</div>' if note else ""
+
+    controls["model"].change(describe_model, controls["model"], model_note, queue=False, show_progress="hidden",
+                             api_visibility="private")
     controls["custom_model"] = gr.Textbox(
         label="model: hub id or local path", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct",
         info="overrides the list when set", visible=not settings.curated_only, elem_classes=["ctl"])

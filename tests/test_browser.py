@@ -65,7 +65,7 @@ WATCH_REPLY = """() => {
   new MutationObserver(() => {
     const bots = chat.querySelectorAll('.message.bot, [data-testid="bot"]');
     const last = bots[bots.length - 1];
-    if (!last) return;
+    if (!last || last.querySelector('.thinking')) return;
     const text = last.innerText.split('TTFT')[0].trim();
     const seen = window.__replyTexts;
     if (text && seen[seen.length - 1] !== text) seen.push(text);
