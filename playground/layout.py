@@ -7,7 +7,6 @@ the engine cannot use here says so (label and note) instead of pretending to wor
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import gradio as gr
@@ -69,16 +68,14 @@ def _engine_panel(app: Playground) -> dict:
                      for name, e in app.models.items()]
     # Custom values are allowed here and checked against the hosting limits when applied.
     notes = {name: entry.memory for name, entry in app.models.items() if entry.memory}
+
+    def model_info(name: str) -> str:
+        return notes.get(name) or "curated models (presets/models.toml)"
+
     controls["model"] = gr.Dropdown(model_choices, label="model", elem_classes=["ctl"], allow_custom_value=True,
-                                    info="curated models (presets/models.toml)")
-    model_note = gr.HTML(elem_id="model-note")
-
-    def describe_model(name: str) -> str:
-        note = notes.get(name)
-        return f'<div class="model-note">{html.escape(note)}</div>' if note else ""
-
-    controls["model"].change(describe_model, controls["model"], model_note, queue=False, show_progress="hidden",
-                             api_visibility="private")
+                                    info=model_info(app.default_config["model"]))
+    controls["model"].change(lambda name: gr.Dropdown(info=model_info(name)), controls["model"], controls["model"],
+                             queue=False, show_progress="hidden", api_visibility="private")
     controls["custom_model"] = gr.Textbox(
         label="model: hub id or local path", placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct",
         info="overrides the list when set", visible=not settings.curated_only, elem_classes=["ctl"])
@@ -134,7 +131,8 @@ def build_app(app: Playground) -> gr.Blocks:
                     status = gr.HTML(elem_id="apply-status")
             with gr.Column(scale=5, min_width=420, elem_id="chat-col"):
                 chatbot = gr.Chatbot(
-                    label="chat", show_label=False, height=600, elem_id="chat", buttons=["copy"],
+                    label="chat", show_label=False, height="calc(100vh - 300px)", min_height=380, elem_id="chat",
+                    buttons=["copy"],
                     feedback_options=None, sanitize_html=True, layout="bubble",
                     placeholder="<div class='empty'><b>Chat with the engine.</b><br>Each reply carries its own "
                                 "TTFT, decode speed and token counts; the charts on the right move while it "
