@@ -1,0 +1,159 @@
+"""`python -m engine.training`: corpus -> tokenizer -> target -> distilled draft -> card."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig
+
+from engine.training.card import BuildResults, write_card
+from engine.training.corpus import as_chats, build_corpus
+from engine.training.distill import distillation_loss
+from engine.training.evaluate import greedy_answer, perplexity, speculative_acceptance
+from engine.training.model import (
+    DRAFT_SHAPE,
+    TARGET_SHAPE,
+    TrainSettings,
+    build_model,
+    count_parameters,
+    token_stream,
+    train,
+    windows,
+)
+from engine.training.tokenizer import train_tokenizer
+
+SAMPLE_KINDS = ["topic", "module", "function", "class", "method"]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("assets/models"))
+    parser.add_argument("--vocab-size", type=int, default=6144)
+    parser.add_argument("--target-minutes", type=float, default=34.0)
+    parser.add_argument("--draft-minutes", type=float, default=16.0)
+    parser.add_argument("--target-steps", type=int, help="fixed step count (default: fit the minutes)")
+    parser.add_argument("--draft-steps", type=int, help="fixed step count (default: fit the minutes)")
+    parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")
+    parser.add_argument("--acceptance-prompts", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def save(model, tokenizer, folder: Path) -> float:
+    """Writes an HF folder (weights, config, generation config, tokenizer); returns MB of weights."""
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return (folder / "model.safetensors").stat().st_size / 1e6
+
+
+def sample_questions(corpus) -> list[tuple[str, str]]:
+    """One held-out question per kind of documented thing, with the reference answer."""
+    picked = []
+    for kind in SAMPLE_KINDS:
+        for entry in corpus.heldout_entries:
+            chats = as_chats(entry, 1) if entry.kind == kind else []
+            if chats:
+                picked.append((chats[0][0]["content"], chats[0][1]["content"]))
+                break
+    return picked
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress reaches a redirected log as it happens
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+
+    corpus = build_corpus(limit=args.limit)
+    tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
+    tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
+    train_stream = token_stream(tokenizer, corpus.train_text, corpus.train_chats)
+    heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
+    seq_len = TrainSettings(minutes=0).seq_len
+    train_data, heldout_data = windows(train_stream, seq_len), windows(heldout_stream, seq_len)
+    seconds["corpus + tokenizer"] = time.perf_counter() - started
+    print(f"corpus: {len(train_stream)} train tokens, {len(heldout_stream)} held-out tokens")
+
+    target = build_model(TARGET_SHAPE, tokenizer)
+    draft = build_model(DRAFT_SHAPE, tokenizer)
+    target_params, draft_params = count_parameters(target), count_parameters(draft)
+    if draft_params * 5 > target_params:
+        raise SystemExit(f"draft has {draft_params} params, more than 1/5 of {target_params}")
+    print(f"target {target_params / 1e6:.2f}M params, draft {draft_params / 1e6:.2f}M params")
+
+    print("training the target")
+    target_report = train(
+        target, train_data,
+        TrainSettings(minutes=args.target_minutes, steps=args.target_steps, seed=args.seed),
+    )
+    seconds["target"] = target_report.seconds
+    target_mb = save(target, tokenizer, args.out / "demo-chat")
+
+    print("distilling the draft")
+    draft_report = train(
+        draft, train_data,
+        TrainSettings(minutes=args.draft_minutes, steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
+        loss_fn=distillation_loss(target),
+    )
+    seconds["draft"] = draft_report.seconds
+    draft_mb = save(draft, tokenizer, args.out / "demo-draft")
+
+    print("evaluating")
+    eval_start = time.perf_counter()
+    questions = list(dict.fromkeys(chat[0]["content"] for chat in corpus.heldout_chats))
+    stride = max(1, len(questions) // args.acceptance_prompts)
+    acceptance_questions = questions[::stride][: args.acceptance_prompts]
+    acceptance = speculative_acceptance(target, draft, tokenizer, acceptance_questions)
+    samples = [(q, greedy_answer(target, tokenizer, q), ref) for q, ref in sample_questions(corpus)]
+    infos = {}
+    for name, model, report, params, size_mb, shape in (
+        ("target", target, target_report, target_params, target_mb, TARGET_SHAPE),
+        ("draft", draft, draft_report, draft_params, draft_mb, DRAFT_SHAPE),
+    ):
+        infos[name] = {
+            "params": params, "shape": shape, "steps": report.steps, "tokens": report.tokens,
+            "seconds": report.seconds, "size_mb": size_mb, "ppl": perplexity(model, heldout_data),
+        }
+    seconds["evaluation"] = time.perf_counter() - eval_start
+
+    results = BuildResults(
+        command="python -m engine.training " + shlex.join(argv),
+        threads=args.threads,
+        vocab_size=len(tokenizer),
+        corpus={
+            "train_text": len(corpus.train_text), "train_chats": len(corpus.train_chats),
+            "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
+            "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
+        },
+        target=infos["target"],
+        draft=infos["draft"],
+        seconds=seconds,
+        acceptance=acceptance,
+        num_speculative=4,
+        acceptance_prompts=len(acceptance_questions),
+        samples=samples,
+    )
+    write_card(args.out / "README.md", results)
+    accepted, proposed = acceptance
+    print(
+        f"done in {sum(seconds.values()) / 60:.1f} min: ppl target {infos['target']['ppl']:.2f}, "
+        f"draft {infos['draft']['ppl']:.2f}, acceptance {accepted / max(1, proposed):.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,250 @@
+"""The training text: stdlib documentation topics and docstrings, as plain text and chat.
+
+Docstrings are read from the standard library's source files with ``ast`` so that no
+arbitrary module is ever imported. Entries are split into train and held-out parts by
+hashing the name of the top-level module or topic they belong to, so a held-out module
+contributes nothing (not even one method) to training.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import pydoc_data.topics
+import re
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+SKIPPED_PACKAGES = {
+    "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
+    "turtledemo", "__pycache__", "config-3", "pydoc_data", "encodings", "venv",
+}
+MAX_ANSWER_CHARS = 600
+MIN_ANSWER_CHARS = 40
+
+QUESTION_TEMPLATES = {
+    "module": [
+        "What is the `{name}` module for?",
+        "What does the `{name}` module do?",
+        "Tell me about the `{name}` module.",
+        "Explain the `{name}` module.",
+    ],
+    "class": [
+        "What is the `{name}` class?",
+        "What does the `{name}` class do?",
+        "Explain the `{name}` class.",
+        "Tell me about `{name}`.",
+    ],
+    "function": [
+        "What does the `{name}` function do?",
+        "Explain the `{name}` function.",
+        "How do I use `{name}`?",
+        "What is `{name}` for?",
+    ],
+    "method": [
+        "What does the `{name}` method do?",
+        "Explain the `{name}` method.",
+        "What is `{name}` for?",
+        "How does `{name}` work?",
+    ],
+    "topic": [
+        "Explain {name}.",
+        "What is {name}?",
+        "Tell me about {name}.",
+        "How does {name} work in Python?",
+    ],
+}
+
+
+@dataclass(frozen=True)
+class DocEntry:
+    """One documented thing: what it is, its name, the text, and its split key."""
+
+    kind: str
+    name: str
+    text: str
+    group: str
+
+    @property
+    def held_out(self) -> bool:
+        return is_held_out(self.group)
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Plain documents and chat conversations, separately for train and held-out."""
+
+    train_text: list[str]
+    train_chats: list[list[dict]]
+    heldout_text: list[str]
+    heldout_chats: list[list[dict]]
+    heldout_entries: list[DocEntry]
+
+
+def is_held_out(group: str, percent: int = 5) -> bool:
+    """Deterministic split: the same group lands on the same side on every machine."""
+    digest = hashlib.sha256(group.encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 100 < percent
+
+
+def clean(text: str) -> str:
+    """Normalises reST markup and whitespace so the model sees one style of prose."""
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    text = re.sub(r":[a-z]+:`([^`]+)`", r"`\1`", text)
+    text = text.replace("\t", "    ")
+    lines = [line.rstrip() for line in text.strip().splitlines()]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines))
+
+
+def paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def summary(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
+    """The answer to a question: leading prose paragraphs, stopping before code and at `limit`.
+
+    Short answers that end cleanly teach a tiny model to stop instead of rambling.
+    """
+    kept: list[str] = []
+    for para in paragraphs(text):
+        if para.startswith((">>>", "...")) or (para.endswith("::") and kept) or "::=" in para:
+            break
+        joined = re.sub(r"\s+", " ", para)
+        if kept and len("\n\n".join(kept)) + len(joined) > limit:
+            break
+        if not kept and len(joined) > limit:
+            sentences = re.split(r"(?<=[.!?])\s+", joined)
+            joined = sentences[0]
+            for sentence in sentences[1:]:
+                if len(joined) + len(sentence) + 1 > limit:
+                    break
+                joined += " " + sentence
+            kept.append(joined[: limit * 2])
+            break
+        kept.append(joined)
+    answer = "\n\n".join(kept)
+    return answer[:-1] + "." if answer.endswith(":") else answer
+
+
+def topic_entries() -> list[DocEntry]:
+    """Splits each pydoc topic into its titled sections (one entry per section)."""
+    entries = []
+    for key, raw in sorted(pydoc_data.topics.topics.items()):
+        lines = raw.splitlines()
+        heads = [
+            i for i in range(len(lines) - 1)
+            if lines[i].strip() and re.fullmatch(r"([*=\-~^])\1{2,}", lines[i + 1].strip())
+        ]
+        for n, start in enumerate(heads):
+            end = heads[n + 1] if n + 1 < len(heads) else len(lines)
+            body = clean("\n".join(lines[start + 2: end]))
+            title = re.sub(r'"([^"]+)"', r"`\1`", lines[start].strip())
+            title = re.sub(r"^\d+(\.\d+)*\.?\s+", "", title)
+            title = re.sub(r"(?<![`\w])([A-Z][a-z]+)", lambda m: m.group(1).lower(), title)
+            if len(body) >= MIN_ANSWER_CHARS:
+                entries.append(DocEntry("topic", title, body, "topic:" + key))
+    return entries
+
+
+def module_name(path: Path, root: Path) -> str | None:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts or any(p in SKIPPED_PACKAGES or p.startswith("_") for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def source_entries(root: Path, limit: int | None = None) -> list[DocEntry]:
+    """Docstrings of public modules, classes, functions and methods, parsed with `ast`."""
+    entries = []
+    files = sorted(root.rglob("*.py"))
+    for path in files:
+        name = module_name(path, root)
+        if name is None:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        group = "module:" + name.split(".")[0]
+        entries.extend(docstring_entries(tree, name, group))
+        if limit is not None and len(entries) >= limit:
+            break
+    return entries
+
+
+def docstring_entries(tree: ast.Module, module: str, group: str) -> list[DocEntry]:
+    found = []
+    doc = ast.get_docstring(tree)
+    if doc:
+        found.append(DocEntry("module", module, clean(doc), group))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            qualname = f"{module}.{node.name}"
+            doc = ast.get_docstring(node)
+            if doc:
+                found.append(DocEntry("class", qualname, clean(doc), group))
+            for item in node.body:
+                if (
+                    isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and not item.name.startswith("_")
+                    and (doc := ast.get_docstring(item))
+                ):
+                    found.append(DocEntry("method", f"{qualname}.{item.name}", clean(doc), group))
+        elif (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not node.name.startswith("_")
+            and (doc := ast.get_docstring(node))
+        ):
+            found.append(DocEntry("function", f"{module}.{node.name}", clean(doc), group))
+    return found
+
+
+def dedupe(entries: list[DocEntry]) -> list[DocEntry]:
+    """Drops repeated and near-empty docstrings (copies inflate loops in a small model)."""
+    seen: set[str] = set()
+    unique = []
+    for entry in entries:
+        key = re.sub(r"\W+", " ", entry.text.lower()).strip()
+        if len(entry.text) < MIN_ANSWER_CHARS or key in seen:
+            continue
+        seen.add(key)
+        unique.append(entry)
+    return unique
+
+
+def as_document(entry: DocEntry) -> str:
+    header = entry.name if entry.kind == "topic" else f"{entry.kind} {entry.name}"
+    return f"{header}\n\n{entry.text}"
+
+
+def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
+    """`phrasings` differently worded questions about `entry`, each answered by its summary."""
+    answer = summary(entry.text)
+    if len(answer) < MIN_ANSWER_CHARS:
+        return []
+    templates = QUESTION_TEMPLATES[entry.kind]
+    start = int(hashlib.sha256(entry.name.encode()).hexdigest(), 16) % len(templates)
+    questions = [
+        templates[(start + i) % len(templates)].format(name=entry.name)
+        for i in range(min(phrasings, len(templates)))
+    ]
+    return [
+        [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        for question in questions
+    ]
+
+
+def build_corpus(limit: int | None = None, phrasings: int = 2) -> Corpus:
+    """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    entries = dedupe(topic_entries()[:limit] + source_entries(root, limit))
+    parts: dict[bool, tuple[list[str], list[list[dict]]]] = {False: ([], []), True: ([], [])}
+    for entry in entries:
+        texts, chats = parts[entry.held_out]
+        texts.append(as_document(entry))
+        chats.extend(as_chats(entry, phrasings))
+    heldout = [entry for entry in entries if entry.held_out]
+    return Corpus(parts[False][0], parts[False][1], parts[True][0], parts[True][1], heldout)

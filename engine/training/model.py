@@ -1,0 +1,177 @@
+"""Model shapes and the causal-LM training loop shared by the target and the draft.
+
+Width matters more than depth for fluent text from a tiny model, so the target is wide
+and shallow; the draft is a narrower Llama of the same vocabulary so it can propose
+tokens the target verifies. The step count is fitted to a wall-clock budget by timing
+a few real steps first, so the whole build fits the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+
+MAX_POSITIONS = 1024
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The few numbers that size a Llama; heads equal KV heads (plain multi-head attention)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+
+
+TARGET_SHAPE = ModelShape(hidden=256, layers=6, heads=8, intermediate=704)
+DRAFT_SHAPE = ModelShape(hidden=128, layers=2, heads=4, intermediate=352)
+
+
+@dataclass
+class TrainSettings:
+    """Optimiser and schedule; `steps=None` means fit the step count to `minutes`."""
+
+    minutes: float
+    steps: int | None = None
+    seq_len: int = 256
+    batch_size: int = 8
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 40
+    weight_decay: float = 0.1
+    calibration_steps: int = 6
+    seed: int = 0
+
+
+@dataclass
+class TrainReport:
+    steps: int
+    seconds: float
+    tokens: int
+    losses: list[float] = field(default_factory=list)
+
+
+def build_model(shape: ModelShape, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.heads,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Unique parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def token_stream(
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], chats: list[list[dict]]
+) -> torch.Tensor:
+    """All documents and rendered chats, each led by the document token, in one 1-D tensor."""
+    rendered = [tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
+    encoded = tokenizer(texts + rendered, add_special_tokens=False, verbose=False).input_ids
+    ids = [token for doc in encoded for token in [tokenizer.bos_token_id, *doc]]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Rows of `seq_len + 1` tokens (inputs plus the shifted targets), overlapping by one."""
+    count = (len(stream) - 1) // seq_len
+    starts = torch.arange(count) * seq_len
+    return torch.stack([stream[s: s + seq_len + 1] for s in starts.tolist()])
+
+
+def next_token_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=batch[:, :-1]).logits
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def learning_rate(step: int, total: int, settings: TrainSettings) -> float:
+    """Linear warmup, then cosine decay to `min_lr_ratio` of the peak."""
+    if step < settings.warmup:
+        return settings.lr * (step + 1) / settings.warmup
+    progress = min(1.0, (step - settings.warmup) / max(1, total - settings.warmup))
+    floor = settings.min_lr_ratio
+    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(
+    model: torch.nn.Module,
+    data: torch.Tensor,
+    settings: TrainSettings,
+    loss_fn: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = next_token_loss,
+    log: Callable[[str], None] = print,
+) -> TrainReport:
+    """AdamW over shuffled passes of `data` windows.
+
+    Without an explicit step count the total is fitted to `settings.minutes`: the first
+    `calibration_steps` (inside warmup, so the schedule does not depend on them) are timed,
+    and the estimate is refreshed every `calibration_steps` from the recent step time,
+    since the CPU is shared and its speed drifts.
+    """
+    generator = torch.Generator().manual_seed(settings.seed)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.lr, betas=(0.9, 0.95),
+    )
+    model.train()
+    fitted = settings.steps is None
+    total = settings.steps or settings.warmup * 100
+    order = torch.randperm(len(data), generator=generator)
+    cursor = 0
+    report = TrainReport(steps=0, seconds=0.0, tokens=0)
+    start = time.perf_counter()
+    stamps: list[float] = []
+    step = 0
+    while step < total:
+        if cursor + settings.batch_size > len(order):
+            order = torch.randperm(len(data), generator=generator)
+            cursor = 0
+        batch = data[order[cursor: cursor + settings.batch_size]]
+        cursor += settings.batch_size
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, total, settings)
+        loss = loss_fn(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        report.losses.append(loss.item())
+        report.tokens += batch[:, 1:].numel()
+        step += 1
+        stamps.append(time.perf_counter())
+        if fitted and step >= settings.calibration_steps and step % settings.calibration_steps == 0:
+            recent = stamps[-min(len(stamps), 50):]
+            per_step = (recent[-1] - recent[0]) / (len(recent) - 1)
+            remaining = settings.minutes * 60 - (stamps[-1] - start)
+            total = max(step + 1, step + int(remaining / per_step))
+            if step == settings.calibration_steps:
+                log(f"  {per_step:.2f} s/step -> about {total} steps in {settings.minutes:g} min")
+        if step % 50 == 0 or step == total:
+            mean_loss = sum(report.losses[-50:]) / len(report.losses[-50:])
+            log(f"  step {step}/{total}  loss {mean_loss:.3f}  {(stamps[-1] - start) / 60:.1f} min")
+    report.steps = step
+    report.seconds = time.perf_counter() - start
+    model.eval()
+    return report
