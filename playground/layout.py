@@ -131,7 +131,7 @@ def build_app(app: Playground) -> gr.Blocks:
                     status = gr.HTML(elem_id="apply-status")
             with gr.Column(scale=5, min_width=420, elem_id="chat-col"):
                 chatbot = gr.Chatbot(
-                    label="chat", show_label=False, height="calc(100vh - 300px)", min_height=380, elem_id="chat",
+                    label="chat", show_label=False, height="calc(100vh - 350px)", min_height=380, elem_id="chat",
                     buttons=["copy"],
                     feedback_options=None, sanitize_html=True, layout="bubble",
                     placeholder="<div class='empty'><b>Chat with the engine.</b><br>Each reply carries its own "

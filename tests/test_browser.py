@@ -80,7 +80,6 @@ def test_chat_streams_with_figures_and_charts_move(served, page, shots):
     assert ("CPU:" in header or "GPU:" in header) and "continuous" in header
     page.wait_for_function(
         "document.querySelector('#pool') && document.querySelector('#pool').innerText.includes('Engine pool')")
-    page.screenshot(path=str(shots / "playground-start.png"))
     ttft_before = page.locator("#chart-ttft").screenshot()
 
     page.evaluate(WATCH_REPLY)
@@ -88,14 +87,22 @@ def test_chat_streams_with_figures_and_charts_move(served, page, shots):
     page.click("#send")
     page.wait_for_selector("#chat .msg-figures:not(.live) .fig", timeout=60_000)
     page.wait_for_timeout(800)  # let the last chart update land
-    page.screenshot(path=str(shots / "playground.png"))
 
     texts = page.evaluate("window.__replyTexts")
     assert len(texts) >= 2 and len(texts[-1]) > len(texts[0]), f"the reply did not stream: {texts}"
     figures = page.inner_text("#chat .msg-figures:not(.live)")
     for label in ("TTFT", "decode", "prompt", "output", "cached"):
         assert label in figures
-    assert page.locator("#chart-ttft").screenshot() != ttft_before, "the TTFT chart did not change"
+    ttft_after_one = page.locator("#chart-ttft").screenshot()
+    assert ttft_after_one != ttft_before, "the TTFT chart did not change"
+
+    # A second turn: its prompt repeats the first turn, so the figures show cached prompt tokens.
+    page.fill("#message textarea", "How does prefix caching reuse it?")
+    page.click("#send")
+    page.wait_for_function("document.querySelectorAll('#chat .msg-figures:not(.live)').length >= 2", timeout=60_000)
+    page.wait_for_timeout(2500)  # a timer refresh of the charts
+    page.screenshot(path=str(shots / "playground.png"))
+    assert page.locator("#chart-ttft").screenshot() != ttft_after_one, "the TTFT chart did not add the turn"
 
 
 def test_impossible_combination_is_refused_with_its_reason(page, shots):
