@@ -37,7 +37,7 @@ TTFT = ChartSpec("ttft", "bar", "Time to first token per turn", "turn", "ttft_ms
 THROUGHPUT = ChartSpec("throughput", "line", "Engine throughput", "time_s", "tokens_per_s",
                        "time (s, 0 = now)", "tokens / s", color="phase")
 MEMORY_KINDS = ("weights", "KV allocated", "KV in use", "peak")
-MEMORY = ChartSpec("memory", "bar", "Memory", "kind", "mib", "", "memory (MiB)")
+MEMORY = ChartSpec("memory", "bar", "Memory", "kind", "mib", "memory component", "memory (MiB)")
 KV_BLOCKS = ChartSpec("kv_blocks", "line", "KV cache blocks", "time_s", "blocks",
                       "time (s, 0 = now)", "blocks (#)", color="series")
 BATCH = ChartSpec("batch", "line", "Running batch size", "time_s", "sequences",
