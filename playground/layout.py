@@ -163,11 +163,11 @@ def build_app(app: Playground) -> gr.Blocks:
                           show_progress="hidden", api_visibility="private")
         apply_event = apply_btn.click(
             app.apply, [*form, extras, session], [header, status, apply_btn, session, pool_html],
-            api_name="apply", concurrency_limit=1, show_progress="hidden")
+            api_name="apply", concurrency_limit=1, concurrency_id="engine-load", show_progress="hidden")
         apply_event.then(app.chart_frames, [session], plots, show_progress="hidden", api_visibility="private")
         preset.input(app.preset, [preset, session], [*form, extras, check], api_visibility="private").then(
             app.apply, [*form, extras, session], [header, status, apply_btn, session, pool_html],
-            concurrency_limit=1, show_progress="hidden", api_visibility="private").then(
+            concurrency_limit=1, concurrency_id="engine-load", show_progress="hidden", api_visibility="private").then(
             app.chart_frames, [session], plots, show_progress="hidden", api_visibility="private")
         chat_event = gr.on(
             [message.submit, send.click], app.chat, [message, max_new_tokens, temperature, session],
