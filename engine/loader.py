@@ -58,6 +58,9 @@ def resolve_model_path(model: str) -> Path:
             if not (candidate / "config.json").is_file():
                 raise ModelLoadError(f"{candidate} has no config.json: not a Hugging Face model folder")
             return candidate
+    if entry is not None and not _HUB_ID.match(source):
+        raise ModelLoadError(f"curated model {model!r} points to {source}, which is missing "
+                             "(the bundled demo pair is rebuilt by `make demo-model`)")
     if not _HUB_ID.match(source):
         raise ModelLoadError(f"unknown model {model!r}: not a curated name ({', '.join(list_models())}), "
                              "not a local folder and not a hub id of the form 'org/name'")

@@ -47,7 +47,16 @@ def test_folder_without_config_is_refused(tmp_path):
         resolve_model_path(str(tmp_path))
 
 
+def test_curated_entry_with_a_missing_folder_says_so(monkeypatch):
+    from engine import loader
+
+    monkeypatch.setattr(loader, "list_models", lambda: {"gone": loader.ModelEntry("gone", "assets/models/nothing")})
+    with pytest.raises(ModelLoadError, match="curated model 'gone' points to assets/models/nothing"):
+        resolve_model_path("gone")
+
+
 def test_curated_models_are_well_formed():
+    """Names with dots must be quoted in TOML, or they silently become nested tables without a source."""
     models = list_models()
     assert models, "presets/models.toml lists the curated models"
     defaults = [m for m in models.values() if m.default]
