@@ -44,6 +44,9 @@ def list_models() -> dict[str, ModelEntry]:
     with path.open("rb") as handle:
         table = tomllib.load(handle).get("models", {})
     fields = set(ModelEntry.__dataclass_fields__) - {"name"}
+    for name, entry in table.items():
+        if not isinstance(entry.get("source"), str):
+            raise ModelLoadError(f"{path}: entry {name!r} has no source (quote table names containing dots)")
     return {name: ModelEntry(name=name, **{k: v for k, v in entry.items() if k in fields})
             for name, entry in table.items()}
 
