@@ -34,5 +34,9 @@ test: $(TEST_STAMP) chromium
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check engine playground tests app.py
 
+# Rebuilds the bundled demo pair in assets/models (about an hour on 2 CPU cores); CI never retrains.
+demo-model: $(RUN_STAMP)
+	nice -n 10 $(PY) -m engine.training --threads 2
+
 gpu-check: $(RUN_STAMP)
 	$(PY) -m engine.gpu_check

@@ -7,7 +7,7 @@ arrival times when `--request-rate` is finite. The duration runs from the first 
 last completion, after a short untimed warm-up.
 
     python -m engine.bench --set model=random-llama-20m --num-prompts 64 --input-len 128 \
-        --output-len 128 --compare hf-continuous
+        --output-len 128 --compare baseline-hf
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
 import torch
 
 from engine.errors import ConfigError

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomllib
 import torch
 from safetensors import safe_open
 
