@@ -150,7 +150,7 @@ class Engine:
         return [RequestHandle(request, self._cancel_request(request)) for request in requests]
 
     def _cancel_request(self, request: Request):
-        def cancel(_request_id: int) -> None:
+        def cancel() -> None:
             request.cancel_requested = True
             with self._wakeup:
                 self._wakeup.notify()

@@ -25,7 +25,6 @@ class KVCache:
 
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device: str,
                  head_major: bool):
-        self.num_blocks = num_blocks
         self.block_size = block_size
         self.block_bytes = bytes_per_block(spec, block_size, dtype)
         slots = num_blocks * block_size

@@ -123,7 +123,7 @@ class Request:
 class RequestHandle:
     """The caller's side of a request: iterate its deltas, wait for its result, or cancel it."""
 
-    def __init__(self, request: Request, cancel: Callable[[int], None]):
+    def __init__(self, request: Request, cancel: Callable[[], None]):
         self.request_id = request.request_id
         self.prompt_token_ids = list(request.prompt_token_ids)
         self._outbox = request.outbox
@@ -141,7 +141,7 @@ class RequestHandle:
             yield delta
 
     def cancel(self) -> None:
-        self._cancel(self.request_id)
+        self._cancel()
 
     @property
     def done(self) -> bool:
