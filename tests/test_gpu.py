@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.gpu_check import reference_greedy
 from tests.tiny_models import build_tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -27,16 +27,7 @@ def no_tf32():
 @pytest.mark.parametrize("batching", ["continuous", "static"])
 def test_native_equals_transformers_on_cuda(tmp_path, no_tf32, architecture, batching):
     path = build_tiny_model(architecture, tmp_path / architecture)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("cuda").eval()
-    expected = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt], device="cuda")
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=MAX_TOKENS, eos_token_id=None, pad_token_id=0)
-            expected.append(out[0, len(prompt):].tolist())
-    del model
-    torch.cuda.empty_cache()
+    expected = reference_greedy(path, PROMPTS, MAX_TOKENS, torch.float32)
     config = EngineConfig(model=path, backend="native", device="cuda", dtype="float32", attention="sdpa",
                           batching=batching)
     with Engine(config) as engine:
