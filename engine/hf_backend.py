@@ -31,11 +31,15 @@ import torch
 
 from engine.config import EngineConfig
 from engine.metrics import peak_memory_bytes, tensor_bytes
-from engine.native_core import CPU_KV_FRACTION_OF_AVAILABLE, GPU_KV_FRACTION_OF_FREE, resolve_dtype
+from engine.native_core import (
+    CPU_KV_FRACTION_OF_AVAILABLE,
+    DEFAULT_MAX_MODEL_LEN,
+    GPU_KV_FRACTION_OF_FREE,
+    STEP_HISTORY,
+    resolve_dtype,
+)
 from engine.request import Request
 
-DEFAULT_MAX_MODEL_LEN = 4096
-STEP_HISTORY = 4096
 CB_MIN_PAGE_SIZE = 4
 CB_POLL_SECONDS = 0.005
 CB_STOP_TIMEOUT_SECONDS = 10.0
