@@ -75,7 +75,7 @@ def test_tokenizer_loads_with_chat_template_and_end_of_turn_eos(tokenizer):
 def test_tiny_model_and_distilled_draft_losses_fall(corpus, tokenizer, one_thread):
     torch.manual_seed(0)
     data = windows(token_stream(tokenizer, corpus.train_text, corpus.train_chats), 32)[:64]
-    settings = TrainSettings(minutes=1, steps=30, seq_len=32, batch_size=8, lr=1e-2, warmup=5)
+    settings = TrainSettings(minutes=1, steps=50, seq_len=32, batch_size=8, lr=1e-2, warmup=5)
     target = build_model(TINY_SHAPE, tokenizer)
     report = train(target, data, settings, log=lambda _: None)
     assert sum(report.losses[-5:]) < sum(report.losses[:5]) * 0.8

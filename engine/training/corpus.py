@@ -20,7 +20,7 @@ SKIPPED_PACKAGES = {
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
     "turtledemo", "__pycache__", "config-3", "pydoc_data", "encodings", "venv",
 }
-MAX_ANSWER_CHARS = 600
+MAX_ANSWER_CHARS = 360
 MIN_ANSWER_CHARS = 40
 
 QUESTION_TEMPLATES = {
@@ -220,10 +220,41 @@ def as_document(entry: DocEntry) -> str:
     return f"{header}\n\n{entry.text}"
 
 
-def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
-    """`phrasings` differently worded questions about `entry`, each answered by its summary."""
-    answer = summary(entry.text)
+def opening_sentence(entry: DocEntry) -> str:
+    """A first sentence that names what was asked about and where it lives.
+
+    Copying the name from the question is something even a tiny model learns reliably, so
+    every answer starts on topic, even about a module the model has never seen.
+    """
+    owner, _, short = entry.name.rpartition(".")
+    if entry.kind == "module":
+        return f"`{entry.name}` is a module of the Python standard library."
+    if entry.kind == "class":
+        return f"`{short}` is a class in the `{owner}` module."
+    if entry.kind == "function":
+        return f"`{short}()` is a function in the `{owner}` module."
+    if entry.kind == "method":
+        return f"`{short}()` is a method of the `{owner}` class."
+    return ""
+
+
+def answer_for(entry: DocEntry) -> str:
+    """The assistant's reply: the opening sentence, then the leading documentation."""
+    text = entry.text
+    first, _, rest = text.partition("\n\n")
+    if first.strip() in (entry.name, entry.name.rpartition(".")[2]):
+        text = rest
+    answer = summary(text)
     if len(answer) < MIN_ANSWER_CHARS:
+        return ""
+    opening = opening_sentence(entry)
+    return f"{opening}\n\n{answer}" if opening else answer
+
+
+def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
+    """`phrasings` differently worded questions about `entry`, each answered by `answer_for`."""
+    answer = answer_for(entry)
+    if not answer:
         return []
     templates = QUESTION_TEMPLATES[entry.kind]
     start = int(hashlib.sha256(entry.name.encode()).hexdigest(), 16) % len(templates)
