@@ -32,13 +32,16 @@ class RequestMetrics:
 
     @classmethod
     def from_timestamps(cls, arrival: float, token_times: list[float], prompt_tokens: int,
-                        cached_tokens: int = 0, spec_proposed: int = 0, spec_accepted: int = 0) -> RequestMetrics:
+                        cached_tokens: int = 0, spec_proposed: int = 0, spec_accepted: int = 0,
+                        with_itl: bool = True) -> RequestMetrics:
+        """`with_itl=False` leaves `itl` empty: O(1) running figures for a stream still in progress."""
         metrics = cls(prompt_tokens=prompt_tokens, output_tokens=len(token_times), cached_tokens=cached_tokens,
                       spec_proposed=spec_proposed, spec_accepted=spec_accepted)
         if token_times:
             metrics.ttft = token_times[0] - arrival
             metrics.e2el = token_times[-1] - arrival
-            metrics.itl = [later - earlier for earlier, later in zip(token_times, token_times[1:], strict=False)]
+            if with_itl:
+                metrics.itl = [b - a for a, b in zip(token_times, token_times[1:], strict=False)]
             if len(token_times) > 1:
                 metrics.tpot = (metrics.e2el - metrics.ttft) / (len(token_times) - 1)
         return metrics

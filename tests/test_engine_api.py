@@ -39,6 +39,9 @@ def test_stream_yields_the_same_text_as_generate(chat_engine):
     assert [t for d in deltas for t in d.token_ids] == generated.token_ids
     assert deltas[-1].finished and deltas[-1].finish_reason == "length"
     assert len(generated.token_ids) == 40 and generated.text
+    running = deltas[-2].metrics
+    assert running.output_tokens == len([t for d in deltas[:-1] for t in d.token_ids]) and running.ttft > 0
+    assert running.itl == [] and len(deltas[-1].metrics.itl) == 39
 
 
 def test_chat_messages_use_the_chat_template(chat_engine):

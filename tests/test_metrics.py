@@ -17,6 +17,8 @@ def test_request_metrics_follow_the_definitions():
     assert metrics.tpot == pytest.approx((1.6 - 0.5) / 3)
     assert metrics.itl == pytest.approx([0.2, 0.3, 0.6])
     assert metrics.output_tokens == 4 and metrics.cached_tokens == 16
+    running = RequestMetrics.from_timestamps(10.0, [10.5, 10.7, 11.0, 11.6], prompt_tokens=20, with_itl=False)
+    assert running.itl == [] and running.tpot == metrics.tpot and running.ttft == metrics.ttft
 
 
 def test_single_token_request_has_no_tpot():
