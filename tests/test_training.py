@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.training.corpus import build_corpus, is_held_out, summary
+from engine.training.card import BuildResults, read_build_record, write_card
+from engine.training.corpus import DocEntry, answer_for, build_corpus, is_held_out, summary
 from engine.training.distill import distillation_loss
 from engine.training.evaluate import speculative_acceptance
 from engine.training.model import ModelShape, TrainSettings, build_model, token_stream, train, windows
@@ -129,3 +130,26 @@ def test_model_presets_point_demo_at_its_bundled_draft():
         assert {"source", "label", "params", "memory"} <= entry.keys(), name
         draft = entry.get("draft")
         assert draft is None or draft in models or "/" in draft, name
+
+
+def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
+    shape = ModelShape(hidden=32, layers=1, heads=2, intermediate=64)
+    model_info = {"params": 1000, "shape": shape, "steps": 3, "tokens": 96, "seconds": 1.5, "size_mb": 0.1, "ppl": 9.0}
+    results = BuildResults(
+        commands=["python -m engine.training --limit 40"], threads=1, vocab_size=400,
+        corpus={"train_text": 1, "train_chats": 2, "heldout_text": 1, "heldout_chats": 2,
+                "train_tokens": 100, "heldout_tokens": 10},
+        target=model_info, draft=dict(model_info, params=150), seconds={"target": 1.5, "draft": 0.5},
+        acceptance=(3, 8), num_speculative=4, acceptance_prompts=2, samples=[("Q?", "A.", "Ref.")],
+    )
+    write_card(tmp_path / "README.md", results)
+    assert read_build_record(tmp_path) == results
+    assert "python -m engine.training --limit 40" in (tmp_path / "README.md").read_text()
+
+
+def test_answers_open_by_naming_what_was_asked_about():
+    doc = "Return a JSON string representation of a Python data structure."
+    entry = DocEntry("method", "json.JSONEncoder.encode", f"json.JSONEncoder.encode\n\n{doc}", "module:json")
+    assert answer_for(entry) == f"`encode()` is a method of the `json.JSONEncoder` class.\n\n{doc}"
+    topic = DocEntry("topic", "the `with` statement", "The `with` statement wraps a block in a context manager.", "t")
+    assert answer_for(topic) == topic.text

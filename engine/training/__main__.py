@@ -1,4 +1,8 @@
-"""`python -m engine.training`: corpus -> tokenizer -> target -> distilled draft -> card."""
+"""`python -m engine.training`: corpus -> tokenizer -> target -> distilled draft -> card.
+
+`--reuse-target` keeps an earlier build's target and re-distills only the draft; the
+card then lists both commands and the earlier build's target figures (from build.json).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,16 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from engine.training.card import BuildResults, write_card
+from engine.training.card import BUILD_RECORD, BuildResults, read_build_record, write_card
 from engine.training.corpus import as_chats, build_corpus
 from engine.training.distill import distillation_loss
 from engine.training.evaluate import greedy_answer, perplexity, speculative_acceptance
 from engine.training.model import (
     DRAFT_SHAPE,
     TARGET_SHAPE,
+    ModelShape,
     TrainSettings,
     build_model,
     count_parameters,
@@ -42,6 +47,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--acceptance-prompts", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--reuse-target", action="store_true",
+        help=f"keep the target (and tokenizer) in --out, re-distill only the draft; needs its {BUILD_RECORD}",
+    )
     return parser.parse_args(argv)
 
 
@@ -70,47 +79,80 @@ def sample_questions(corpus) -> list[tuple[str, str]]:
     return picked
 
 
+def load_target(folder: Path, record: BuildResults):
+    """The trained target and tokenizer of an earlier build, for re-distilling the draft."""
+    target = AutoModelForCausalLM.from_pretrained(folder / "demo-chat", local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder / "demo-chat", local_files_only=True)
+    config = target.config
+    loaded = ModelShape(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                        config.intermediate_size)
+    if loaded != record.target["shape"]:
+        raise SystemExit(f"{folder / 'demo-chat'} does not match the target recorded in {BUILD_RECORD}")
+    return target, tokenizer
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress reaches a redirected log as it happens
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    seconds: dict[str, float] = {}
+    command = "python -m engine.training " + shlex.join(argv)
     started = time.perf_counter()
 
     corpus = build_corpus(limit=args.limit)
-    tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
-    tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
-    train_stream = token_stream(tokenizer, corpus.train_text, corpus.train_chats)
-    heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
+    if args.reuse_target:
+        previous = read_build_record(args.out)
+        target, tokenizer = load_target(args.out, previous)
+        commands = [previous.commands[0], command]
+        seconds = {"corpus + tokenizer": previous.seconds["corpus + tokenizer"], "target": previous.target["seconds"]}
+        target_info = previous.target
+    else:
+        tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
+        tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
+        target = build_model(TARGET_SHAPE, tokenizer)
+        commands = [command]
+        seconds = {}
     seq_len = TrainSettings(minutes=0).seq_len
-    train_data, heldout_data = windows(train_stream, seq_len), windows(heldout_stream, seq_len)
-    seconds["corpus + tokenizer"] = time.perf_counter() - started
-    print(f"corpus: {len(train_stream)} train tokens, {len(heldout_stream)} held-out tokens")
+    train_stream = token_stream(tokenizer, corpus.train_text, corpus.train_chats)
+    chat_data = windows(token_stream(tokenizer, [], corpus.train_chats), seq_len)
+    heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
+    heldout_data = windows(heldout_stream, seq_len)
+    if not args.reuse_target:
+        seconds["corpus + tokenizer"] = time.perf_counter() - started
+    print(f"corpus: {len(train_stream)} train tokens ({chat_data[:, 1:].numel()} in chats), "
+          f"{len(heldout_stream)} held-out tokens")
 
-    target = build_model(TARGET_SHAPE, tokenizer)
     draft = build_model(DRAFT_SHAPE, tokenizer)
     target_params, draft_params = count_parameters(target), count_parameters(draft)
     if draft_params * 5 > target_params:
         raise SystemExit(f"draft has {draft_params} params, more than 1/5 of {target_params}")
     print(f"target {target_params / 1e6:.2f}M params, draft {draft_params / 1e6:.2f}M params")
 
-    print("training the target")
-    target_report = train(
-        target, train_data,
-        TrainSettings(minutes=args.target_minutes, steps=args.target_steps, seed=args.seed),
-    )
-    seconds["target"] = target_report.seconds
-    target_mb = save(target, tokenizer, args.out / "demo-chat")
+    if not args.reuse_target:
+        print("training the target")
+        target_report = train(
+            target, windows(train_stream, seq_len),
+            TrainSettings(minutes=args.target_minutes, steps=args.target_steps, seed=args.seed),
+        )
+        seconds["target"] = target_report.seconds
+        target_info = {
+            "params": target_params, "shape": TARGET_SHAPE, "steps": target_report.steps,
+            "tokens": target_report.tokens, "seconds": target_report.seconds,
+            "size_mb": save(target, tokenizer, args.out / "demo-chat"),
+        }
 
-    print("distilling the draft")
+    print("distilling the draft on the chat turns")
     draft_report = train(
-        draft, train_data,
+        draft, chat_data,
         TrainSettings(minutes=args.draft_minutes, steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
         loss_fn=distillation_loss(target),
     )
     seconds["draft"] = draft_report.seconds
-    draft_mb = save(draft, tokenizer, args.out / "demo-draft")
+    draft_info = {
+        "params": draft_params, "shape": DRAFT_SHAPE, "steps": draft_report.steps,
+        "tokens": draft_report.tokens, "seconds": draft_report.seconds,
+        "size_mb": save(draft, tokenizer, args.out / "demo-draft"),
+    }
 
     print("evaluating")
     eval_start = time.perf_counter()
@@ -119,19 +161,12 @@ def main(argv: list[str]) -> None:
     acceptance_questions = questions[::stride][: args.acceptance_prompts]
     acceptance = speculative_acceptance(target, draft, tokenizer, acceptance_questions)
     samples = [(q, greedy_answer(target, tokenizer, q), ref) for q, ref in sample_questions(corpus)]
-    infos = {}
-    for name, model, report, params, size_mb, shape in (
-        ("target", target, target_report, target_params, target_mb, TARGET_SHAPE),
-        ("draft", draft, draft_report, draft_params, draft_mb, DRAFT_SHAPE),
-    ):
-        infos[name] = {
-            "params": params, "shape": shape, "steps": report.steps, "tokens": report.tokens,
-            "seconds": report.seconds, "size_mb": size_mb, "ppl": perplexity(model, heldout_data),
-        }
+    target_info["ppl"] = perplexity(target, heldout_data)
+    draft_info["ppl"] = perplexity(draft, heldout_data)
     seconds["evaluation"] = time.perf_counter() - eval_start
 
     results = BuildResults(
-        command="python -m engine.training " + shlex.join(argv),
+        commands=commands,
         threads=args.threads,
         vocab_size=len(tokenizer),
         corpus={
@@ -139,8 +174,8 @@ def main(argv: list[str]) -> None:
             "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
         },
-        target=infos["target"],
-        draft=infos["draft"],
+        target=target_info,
+        draft=draft_info,
         seconds=seconds,
         acceptance=acceptance,
         num_speculative=4,
@@ -150,8 +185,8 @@ def main(argv: list[str]) -> None:
     write_card(args.out / "README.md", results)
     accepted, proposed = acceptance
     print(
-        f"done in {sum(seconds.values()) / 60:.1f} min: ppl target {infos['target']['ppl']:.2f}, "
-        f"draft {infos['draft']['ppl']:.2f}, acceptance {accepted / max(1, proposed):.2f}"
+        f"done in {sum(seconds.values()) / 60:.1f} min: ppl target {target_info['ppl']:.2f}, "
+        f"draft {draft_info['ppl']:.2f}, acceptance {accepted / max(1, proposed):.2f}"
     )
 
 

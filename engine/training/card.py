@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from engine.training.model import ModelShape
+
+BUILD_RECORD = "build.json"
 
 
 @dataclass
 class BuildResults:
-    """Everything the card reports, filled in by the build as it measures it."""
+    """Everything the card reports, filled in by the build as it measures it.
 
-    command: str
+    `commands` lists every command that produced the current weights: one for a full
+    build, two when the draft was re-distilled from an already trained target.
+    """
+
+    commands: list[str]
     threads: int
     vocab_size: int
     corpus: dict[str, int]
@@ -67,7 +76,7 @@ This card is written by the build itself; every number below was measured by it.
 ## Rebuild
 
 ```
-{results.command}
+{chr(10).join(results.commands)}
 ```
 
 Build time on this machine ({results.threads} CPU threads, float32): **{total / 60:.1f} min**
@@ -94,9 +103,13 @@ The draft has {results.draft['params'] / results.target['params']:.2f}x the targ
 
 Chat examples ask about one documented thing in several phrasings ("What does the
 `json.dumps` function do?", "Explain the `with` statement.", "What is the `collections`
-module for?") and answer with the first paragraphs of its documentation, ending with the
-end-of-turn token. Everything is deduplicated, then about 5% is held out by hashing the
-top-level module or topic name, so held-out modules contribute nothing to training.
+module for?"). The answer opens with a sentence naming the thing and where it lives
+("`dumps()` is a function in the `json` module."), continues with the leading prose of
+its documentation (about 360 characters at most), and ends with the end-of-turn token.
+The target trains on documents and chats; the draft is distilled on the chats alone,
+since chat replies are what it will be asked to predict. Everything is deduplicated, then
+about 5% is held out by hashing the top-level module or topic name, so held-out modules
+contribute nothing to training.
 Perplexity is measured on the held-out documents and chats.
 
 ## Speculative decoding
@@ -118,3 +131,14 @@ it is a demonstration of the serving engine, not a source of facts.
 
 def write_card(path: Path, results: BuildResults) -> None:
     path.write_text(render_card(results))
+    path.with_name(BUILD_RECORD).write_text(json.dumps(asdict(results), indent=1) + "\n")
+
+
+def read_build_record(folder: Path) -> BuildResults:
+    """The results of the build that wrote `folder`, so a later step can extend them."""
+    record = json.loads((folder / BUILD_RECORD).read_text())
+    for model in ("target", "draft"):
+        record[model]["shape"] = ModelShape(**record[model]["shape"])
+    record["acceptance"] = tuple(record["acceptance"])
+    record["samples"] = [tuple(sample) for sample in record["samples"]]
+    return BuildResults(**record)
