@@ -5,7 +5,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat requirements.txt | sha1sum | cut -c1-12)
 TEST_STAMP:= $(VENV)/.test-$(shell cat requirements.txt requirements-test.txt | sha1sum | cut -c1-12)
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint chromium demo-model gpu-check
+.PHONY: run test lint chromium demo-model demo-draft gpu-check
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ lint: $(TEST_STAMP)
 # Rebuilds the bundled demo pair in assets/models (about an hour on 2 CPU cores); CI never retrains.
 demo-model: $(RUN_STAMP)
 	nice -n 10 $(PY) -m engine.training --threads 2
+
+# Re-distills only the draft from the bundled target (about 16 minutes).
+demo-draft: $(RUN_STAMP)
+	nice -n 10 $(PY) -m engine.training --threads 2 --reuse-target
 
 gpu-check: $(RUN_STAMP)
 	$(PY) -m engine.gpu_check
