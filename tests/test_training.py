@@ -150,6 +150,7 @@ def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
 def test_answers_open_by_naming_what_was_asked_about():
     doc = "Return a JSON string representation of a Python data structure."
     entry = DocEntry("method", "json.JSONEncoder.encode", f"json.JSONEncoder.encode\n\n{doc}", "module:json")
-    assert answer_for(entry) == f"`encode()` is a method of the `json.JSONEncoder` class.\n\n{doc}"
+    opening = "The `json.JSONEncoder.encode` method belongs to the `json.JSONEncoder` class."
+    assert answer_for(entry) == f"{opening}\n\n{doc}"
     topic = DocEntry("topic", "the `with` statement", "The `with` statement wraps a block in a context manager.", "t")
-    assert answer_for(topic) == topic.text
+    assert answer_for(topic) == f"This part of the Python reference is about the `with` statement.\n\n{topic.text}"

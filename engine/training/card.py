@@ -103,9 +103,10 @@ The draft has {results.draft['params'] / results.target['params']:.2f}x the targ
 
 Chat examples ask about one documented thing in several phrasings ("What does the
 `json.dumps` function do?", "Explain the `with` statement.", "What is the `collections`
-module for?"). The answer opens with a sentence naming the thing and where it lives
-("`dumps()` is a function in the `json` module."), continues with the leading prose of
-its documentation (about 360 characters at most), and ends with the end-of-turn token.
+module for?"). The answer opens with a sentence that repeats the name exactly as asked
+and says where it lives ("The `json.dumps` function is defined in the `json` module."),
+continues with the leading prose of its documentation (about 280 characters at most),
+and ends with the end-of-turn token.
 The target trains on documents and chats; the draft is distilled on the chats alone,
 since chat replies are what it will be asked to predict. Everything is deduplicated, then
 about 5% is held out by hashing the top-level module or topic name, so held-out modules

@@ -20,7 +20,7 @@ SKIPPED_PACKAGES = {
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
     "turtledemo", "__pycache__", "config-3", "pydoc_data", "encodings", "venv",
 }
-MAX_ANSWER_CHARS = 360
+MAX_ANSWER_CHARS = 280
 MIN_ANSWER_CHARS = 40
 
 QUESTION_TEMPLATES = {
@@ -221,21 +221,22 @@ def as_document(entry: DocEntry) -> str:
 
 
 def opening_sentence(entry: DocEntry) -> str:
-    """A first sentence that names what was asked about and where it lives.
+    """A first sentence that repeats the name exactly as the question wrote it.
 
-    Copying the name from the question is something even a tiny model learns reliably, so
-    every answer starts on topic, even about a module the model has never seen.
+    The name keeps its backticks and leading space, so it is the same token sequence as in
+    the question: copying it is something even a tiny model learns reliably, and every
+    answer then starts on topic, even about a module the model has never seen.
     """
-    owner, _, short = entry.name.rpartition(".")
+    owner = entry.name.rpartition(".")[0]
     if entry.kind == "module":
-        return f"`{entry.name}` is a module of the Python standard library."
+        return f"The `{entry.name}` module is part of the Python standard library."
     if entry.kind == "class":
-        return f"`{short}` is a class in the `{owner}` module."
+        return f"The `{entry.name}` class is defined in the `{owner}` module."
     if entry.kind == "function":
-        return f"`{short}()` is a function in the `{owner}` module."
+        return f"The `{entry.name}` function is defined in the `{owner}` module."
     if entry.kind == "method":
-        return f"`{short}()` is a method of the `{owner}` class."
-    return ""
+        return f"The `{entry.name}` method belongs to the `{owner}` class."
+    return f"This part of the Python reference is about {entry.name}."
 
 
 def answer_for(entry: DocEntry) -> str:
@@ -247,8 +248,7 @@ def answer_for(entry: DocEntry) -> str:
     answer = summary(text)
     if len(answer) < MIN_ANSWER_CHARS:
         return ""
-    opening = opening_sentence(entry)
-    return f"{opening}\n\n{answer}" if opening else answer
+    return f"{opening_sentence(entry)}\n\n{answer}"
 
 
 def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
