@@ -23,6 +23,7 @@ from engine.training.model import (
     DRAFT_SHAPE,
     TARGET_SHAPE,
     ModelShape,
+    TrainReport,
     TrainSettings,
     build_model,
     count_parameters,
@@ -77,6 +78,12 @@ def sample_questions(corpus) -> list[tuple[str, str]]:
                 picked.append((chats[0][0]["content"], chats[0][1]["content"]))
                 break
     return picked
+
+
+def model_facts(params: int, shape: ModelShape, report: TrainReport, size_mb: float) -> dict:
+    """One model's row of the card (held-out perplexity is added once it is measured)."""
+    return {"params": params, "shape": shape, "steps": report.steps, "tokens": report.tokens,
+            "seconds": report.seconds, "size_mb": size_mb}
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -135,11 +142,8 @@ def main(argv: list[str]) -> None:
             TrainSettings(minutes=args.target_minutes, steps=args.target_steps, seed=args.seed),
         )
         seconds["target"] = target_report.seconds
-        target_info = {
-            "params": target_params, "shape": TARGET_SHAPE, "steps": target_report.steps,
-            "tokens": target_report.tokens, "seconds": target_report.seconds,
-            "size_mb": save(target, tokenizer, args.out / "demo-chat"),
-        }
+        target_info = model_facts(target_params, TARGET_SHAPE, target_report,
+                                  save(target, tokenizer, args.out / "demo-chat"))
 
     print("distilling the draft on the chat turns")
     draft_report = train(
@@ -148,11 +152,7 @@ def main(argv: list[str]) -> None:
         loss_fn=distillation_loss(target),
     )
     seconds["draft"] = draft_report.seconds
-    draft_info = {
-        "params": draft_params, "shape": DRAFT_SHAPE, "steps": draft_report.steps,
-        "tokens": draft_report.tokens, "seconds": draft_report.seconds,
-        "size_mb": save(draft, tokenizer, args.out / "demo-draft"),
-    }
+    draft_info = model_facts(draft_params, DRAFT_SHAPE, draft_report, save(draft, tokenizer, args.out / "demo-draft"))
 
     print("evaluating")
     eval_start = time.perf_counter()
