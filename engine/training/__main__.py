@@ -107,25 +107,19 @@ def main(argv: list[str]) -> None:
     started = time.perf_counter()
 
     corpus = build_corpus(limit=args.limit)
-    if args.reuse_target:
-        previous = read_build_record(args.out)
+    previous = read_build_record(args.out) if args.reuse_target else None
+    if previous:
         target, tokenizer = load_target(args.out, previous)
-        commands = [previous.commands[0], command]
-        seconds = {"corpus + tokenizer": previous.seconds["corpus + tokenizer"], "target": previous.target["seconds"]}
-        target_info = previous.target
     else:
         tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
         tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
         target = build_model(TARGET_SHAPE, tokenizer)
-        commands = [command]
-        seconds = {}
     seq_len = TrainSettings(minutes=0).seq_len
     train_stream = token_stream(tokenizer, corpus.train_text, corpus.train_chats)
     chat_data = windows(token_stream(tokenizer, [], corpus.train_chats), seq_len)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     heldout_data = windows(heldout_stream, seq_len)
-    if not args.reuse_target:
-        seconds["corpus + tokenizer"] = time.perf_counter() - started
+    preparation_seconds = time.perf_counter() - started
     print(f"corpus: {len(train_stream)} train tokens ({chat_data[:, 1:].numel()} in chats), "
           f"{len(heldout_stream)} held-out tokens")
 
@@ -135,13 +129,18 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"draft has {draft_params} params, more than 1/5 of {target_params}")
     print(f"target {target_params / 1e6:.2f}M params, draft {draft_params / 1e6:.2f}M params")
 
-    if not args.reuse_target:
+    if previous:
+        commands = [previous.commands[0], command]
+        seconds = {"corpus + tokenizer": previous.seconds["corpus + tokenizer"], "target": previous.target["seconds"]}
+        target_info = previous.target
+    else:
         print("training the target")
         target_report = train(
             target, windows(train_stream, seq_len),
             TrainSettings(minutes=args.target_minutes, steps=args.target_steps, seed=args.seed),
         )
-        seconds["target"] = target_report.seconds
+        commands = [command]
+        seconds = {"corpus + tokenizer": preparation_seconds, "target": target_report.seconds}
         target_info = model_facts(target_params, TARGET_SHAPE, target_report,
                                   save(target, tokenizer, args.out / "demo-chat"))
 
