@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.training.card import BuildResults, read_build_record, write_card
-from engine.training.corpus import DocEntry, answer_for, build_corpus, is_held_out, summary
+from engine.training.corpus import DocEntry, NameParts, answer_for, build_corpus, is_held_out, renamed, summary
 from engine.training.distill import distillation_loss
 from engine.training.evaluate import speculative_acceptance
 from engine.training.model import ModelShape, TrainSettings, build_model, token_stream, train, windows
@@ -154,3 +155,34 @@ def test_answers_open_by_naming_what_was_asked_about():
     assert answer_for(entry) == f"{opening}\n\n{doc}"
     topic = DocEntry("topic", "the `with` statement", "The `with` statement wraps a block in a context manager.", "t")
     assert answer_for(topic) == f"This part of the Python reference is about the `with` statement.\n\n{topic.text}"
+
+
+def test_renamed_entries_get_an_invented_name_of_the_same_shape_everywhere():
+    parts = NameParts(identifier_words=["parse", "buffer", "node", "token"], title_words=["loops", "names"])
+    text = "Encode `encode` input; see `json.JSONEncoder.encode` and call `encode(obj)`. Do not encode twice."
+    entry = DocEntry("method", "json.JSONEncoder.encode", text, "module:json")
+    renamed_entry = renamed(entry, parts)
+    assert renamed_entry == renamed(entry, parts)
+    module, owner, method = renamed_entry.name.split(".")
+    assert module.isalpha() and module == module.lower()
+    assert owner[0].isupper() and set(method.split("_")) <= set(parts.identifier_words)
+    assert "encode" not in renamed_entry.text.replace("Encode", "").replace("encode twice", "")
+    assert renamed_entry.text.count(method) == 3 and renamed_entry.text.startswith("Encode `")
+    opening = f"The `{renamed_entry.name}` method belongs to the `{module}.{owner}` class."
+    assert answer_for(renamed_entry).startswith(opening)
+    topic = renamed(DocEntry("topic", "the `with` statement", "Blocks.", "topic:with"), parts)
+    assert set(topic.name.split()) <= {"loops", "names"}
+
+
+def test_each_training_entry_gets_one_renamed_chat_and_held_out_chats_keep_real_names(corpus):
+    def asked_name(chat: list[dict]) -> str:
+        opener = chat[1]["content"].partition("\n")[0]
+        match = re.match(r"The `([^`]+)`|This part of the Python reference is about (.+)\.$", opener)
+        return match.group(1) or match.group(2)
+
+    train_names = {entry.name for entry in corpus.train_entries}
+    names = [asked_name(chat) for chat in corpus.train_chats]
+    real = sum(name in train_names for name in names)
+    assert real == 2 * (len(names) - real) > 0
+    heldout_names = {entry.name for entry in corpus.heldout_entries}
+    assert all(asked_name(chat) in heldout_names for chat in corpus.heldout_chats)

@@ -107,6 +107,10 @@ module for?"). The answer opens with a sentence that repeats the name exactly as
 and says where it lives ("The `json.dumps` function is defined in the `json` module."),
 continues with the leading prose of its documentation (about 280 characters at most),
 and ends with the end-of-turn token.
+Every training entry is also asked about once under an invented name of the same shape
+("Explain the `topcompilers.PaletteParent` class.", its mentions in the answer renamed too): those chats
+can only be started by copying the name from the question, which is what a question about
+an unseen module needs; the real names alone invite the model to recite memorised ones.
 The target trains on documents and chats; the draft is distilled on the chats alone,
 since chat replies are what it will be asked to predict. Everything is deduplicated, then
 about 5% is held out by hashing the top-level module or topic name, so held-out modules

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import pydoc_data.topics
+import random
 import re
 import sysconfig
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ class Corpus:
     train_chats: list[list[dict]]
     heldout_text: list[str]
     heldout_chats: list[list[dict]]
+    train_entries: list[DocEntry]
     heldout_entries: list[DocEntry]
 
 
@@ -268,14 +270,90 @@ def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
     ]
 
 
+@dataclass(frozen=True)
+class NameParts:
+    """Words that real names are made of, to invent names that look like them, and the real names."""
+
+    identifier_words: list[str]
+    title_words: list[str]
+    real_names: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, entries: list[DocEntry]) -> NameParts:
+        identifier, title = set(), set()
+        for entry in entries:
+            if entry.kind == "topic":
+                title.update(w for w in entry.name.split() if w.isalpha() and w.islower() and len(w) >= 4)
+            else:
+                last = entry.name.rpartition(".")[2]
+                split = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", last).lower().split("_")
+                identifier.update(w for w in split if w.isalpha() and len(w) >= 3)
+        return cls(sorted(identifier), sorted(title), frozenset(entry.name for entry in entries))
+
+
+def invented_name(entry: DocEntry, parts: NameParts) -> str:
+    """A made-up name of the same kind and shape as `entry.name`, fixed by a hash of it.
+
+    It is built from the words real names are made of (`copy` + `reg`), so it splits into
+    the same kind of tokens as the real names a held-out question asks about. Never one of
+    the real names, so no chat contradicts a real entry's documentation.
+    """
+    rng = random.Random(hashlib.sha256(entry.name.encode()).digest())
+
+    def words(count: int) -> list[str]:
+        return rng.sample(parts.identifier_words, count)
+
+    def candidate() -> str:
+        if entry.kind == "topic":
+            return " ".join(rng.sample(parts.title_words, rng.randint(1, 3)))
+        module = "".join(words(rng.randint(1, 2)))
+        if entry.kind == "module":
+            return module
+        class_name = "".join(w.capitalize() for w in words(rng.randint(1, 2)))
+        if entry.kind == "class":
+            return f"{module}.{class_name}"
+        function = "_".join(words(rng.randint(1, 2)))
+        if entry.kind == "method":
+            return f"{module}.{class_name}.{function}"
+        return f"{module}.{function}"
+
+    name = candidate()
+    while name in parts.real_names:
+        name = candidate()
+    return name
+
+
+def renamed(entry: DocEntry, parts: NameParts) -> DocEntry:
+    """`entry` under an invented name, with the name's mentions in its text renamed too.
+
+    A chat about a thing the model has never seen can only be started by copying the name
+    from the question. Training on such chats teaches the copy that held-out questions
+    need, where memorising the real names would not.
+    """
+    new_name = invented_name(entry, parts)
+    text = re.sub(rf"(?<![\w.]){re.escape(entry.name)}(?![\w])", new_name, entry.text)
+    if entry.kind != "topic":
+        old_short, new_short = entry.name.rpartition(".")[2], new_name.rpartition(".")[2]
+        text = re.sub(rf"`{re.escape(old_short)}(?=[`(])", f"`{new_short}", text)
+    return DocEntry(entry.kind, new_name, text, entry.group)
+
+
 def build_corpus(limit: int | None = None, phrasings: int = 2) -> Corpus:
-    """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests)."""
+    """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests).
+
+    Every training entry also gets one chat under an invented name (see `renamed`); the
+    held-out side keeps only real names, since it measures the real task.
+    """
     root = Path(sysconfig.get_paths()["stdlib"])
     entries = dedupe(topic_entries()[:limit] + source_entries(root, limit))
+    train = [entry for entry in entries if not entry.held_out]
+    heldout = [entry for entry in entries if entry.held_out]
+    name_parts = NameParts.of(train)
     parts: dict[bool, tuple[list[str], list[list[dict]]]] = {False: ([], []), True: ([], [])}
     for entry in entries:
         texts, chats = parts[entry.held_out]
         texts.append(as_document(entry))
         chats.extend(as_chats(entry, phrasings))
-    heldout = [entry for entry in entries if entry.held_out]
-    return Corpus(parts[False][0], parts[False][1], parts[True][0], parts[True][1], heldout)
+        if not entry.held_out:
+            chats.extend(as_chats(renamed(entry, name_parts), 1))
+    return Corpus(parts[False][0], parts[False][1], parts[True][0], parts[True][1], train, heldout)
