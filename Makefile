@@ -38,7 +38,7 @@ lint: $(TEST_STAMP)
 demo-model: $(RUN_STAMP)
 	nice -n 10 $(PY) -m engine.training --threads 2
 
-# Re-distills only the draft from the bundled target (about 19 minutes).
+# Re-distills only the draft from the bundled target (about 25 minutes).
 demo-draft: $(RUN_STAMP)
 	nice -n 10 $(PY) -m engine.training --threads 2 --reuse-target
 

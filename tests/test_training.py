@@ -186,3 +186,4 @@ def test_each_training_entry_gets_one_renamed_chat_and_held_out_chats_keep_real_
     assert real == 2 * (len(names) - real) > 0
     heldout_names = {entry.name for entry in corpus.heldout_entries}
     assert all(asked_name(chat) in heldout_names for chat in corpus.heldout_chats)
+    assert not set(names) & heldout_names

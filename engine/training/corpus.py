@@ -272,14 +272,15 @@ def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
 
 @dataclass(frozen=True)
 class NameParts:
-    """Words that real names are made of, to invent names that look like them, and the real names."""
+    """Words that real names are made of, to invent names that look like them, and the names to avoid."""
 
     identifier_words: list[str]
     title_words: list[str]
     real_names: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, entries: list[DocEntry]) -> NameParts:
+    def of(cls, entries: list[DocEntry], real_names: set[str]) -> NameParts:
+        """Words from `entries` (the training side only, so no held-out name leaks into a chat)."""
         identifier, title = set(), set()
         for entry in entries:
             if entry.kind == "topic":
@@ -288,7 +289,7 @@ class NameParts:
                 last = entry.name.rpartition(".")[2]
                 split = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", last).lower().split("_")
                 identifier.update(w for w in split if w.isalpha() and len(w) >= 3)
-        return cls(sorted(identifier), sorted(title), frozenset(entry.name for entry in entries))
+        return cls(sorted(identifier), sorted(title), frozenset(real_names))
 
 
 def invented_name(entry: DocEntry, parts: NameParts) -> str:
@@ -348,7 +349,7 @@ def build_corpus(limit: int | None = None, phrasings: int = 2) -> Corpus:
     entries = dedupe(topic_entries()[:limit] + source_entries(root, limit))
     train = [entry for entry in entries if not entry.held_out]
     heldout = [entry for entry in entries if entry.held_out]
-    name_parts = NameParts.of(train)
+    name_parts = NameParts.of(train, real_names={entry.name for entry in entries})
     parts: dict[bool, tuple[list[str], list[list[dict]]]] = {False: ([], []), True: ([], [])}
     for entry in entries:
         texts, chats = parts[entry.held_out]
