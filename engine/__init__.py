@@ -1,13 +1,27 @@
 """A compact LLM serving engine: paged KV cache, continuous batching, prefix caching, streaming.
 
-Public API: `Engine`, `EngineConfig`, `SamplingParams` (see DESIGN.md). Importable without gradio.
+Public API (see DESIGN.md): `Engine`, `EngineConfig`, `SamplingParams`, their outputs and
+errors, and the catalogue helpers the playground and the bench need (presets, curated models,
+the availability of each choice on this host). Importable without gradio; code outside
+`engine/` imports only these names.
 """
 
-from engine.config import EngineConfig
+from engine.config import (
+    CHOICES,
+    EngineConfig,
+    list_presets,
+    load_preset,
+    preset_description,
+    unavailable_reason,
+)
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
+from engine.loader import ModelEntry, list_models
+from engine.metrics import RequestMetrics, StepRecord, describe_device
 from engine.request import RequestOutput, StreamDelta
 from engine.sampling import SamplingParams
 
-__all__ = ["ConfigError", "Engine", "EngineConfig", "EngineError", "ModelLoadError", "RequestError",
-           "RequestOutput", "SamplingParams", "StreamDelta"]
+__all__ = ["CHOICES", "ConfigError", "Engine", "EngineConfig", "EngineError", "ModelEntry", "ModelLoadError",
+           "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams", "StepRecord", "StreamDelta",
+           "describe_device", "list_models", "list_presets", "load_preset", "preset_description",
+           "unavailable_reason"]

@@ -20,7 +20,7 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ModelLoadError, RequestError
 from engine.loader import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
-from engine.metrics import describe_device
+from engine.metrics import StepRecord, describe_device
 from engine.model import NATIVE_ARCHITECTURES
 from engine.request import Request, RequestHandle, RequestOutput, StreamDelta
 from engine.sampling import SamplingParams
@@ -173,8 +173,9 @@ class Engine:
     def stats(self) -> dict:
         return self._core.stats()
 
-    def step_history(self, since: float = 0.0) -> list[dict]:
-        return [step for step in list(self._core.history) if step["time"] > since]
+    def step_history(self, since: float = 0.0) -> list[StepRecord]:
+        """The recent steps (newest last) that ended after `since` (a `time.perf_counter()` value)."""
+        return [step for step in list(self._core.history) if step.time > since]
 
     def close(self) -> None:
         """Stop the loop, cancel what is pending and free the model and KV cache."""

@@ -30,7 +30,7 @@ import psutil
 import torch
 
 from engine.config import EngineConfig
-from engine.metrics import peak_memory_bytes, tensor_bytes
+from engine.metrics import StepRecord, peak_memory_bytes, tensor_bytes
 from engine.native_core import (
     CPU_KV_FRACTION_OF_AVAILABLE,
     DEFAULT_MAX_MODEL_LEN,
@@ -127,7 +127,7 @@ class HFCore:
         self.model = model.to(self.device).eval()
         self.pad_token_id = self._pad_token_id(hf_config)
         self.weights_bytes = tensor_bytes(self.model)
-        self.history: deque[dict] = deque(maxlen=STEP_HISTORY)
+        self.history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self.steps = 0
         self.peak_running = 0
         self.prompt_tokens = 0
@@ -232,10 +232,9 @@ class HFCore:
                     num_running: int) -> None:
         self.steps += 1
         self.peak_running = max(self.peak_running, batch_size)
-        self.history.append({
-            "time": now, "duration": duration, "batch_size": batch_size, "num_tokens": num_tokens,
-            "num_decode_tokens": num_decode_tokens, "num_running": num_running, "kv_blocks_used": 0,
-        })
+        self.history.append(StepRecord(time=now, duration=duration, batch_size=batch_size, num_tokens=num_tokens,
+                                       num_decode_tokens=num_decode_tokens, num_running=num_running,
+                                       kv_blocks_used=0))
 
     # ---- static batching: model.generate -------------------------------------------------------
 

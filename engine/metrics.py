@@ -16,6 +16,19 @@ import psutil
 import torch
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step did, as the live charts and the bench read it (every backend records these)."""
+
+    time: float
+    duration: float
+    batch_size: int
+    num_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    kv_blocks_used: int
+
+
 @dataclass
 class RequestMetrics:
     """Latency and token counts of one request, derived from its timestamps."""

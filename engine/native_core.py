@@ -23,7 +23,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.errors import ConfigError
 from engine.kv_cache import KVCache, bytes_per_block
 from engine.loader import load_native_weights
-from engine.metrics import peak_memory_bytes, tensor_bytes
+from engine.metrics import StepRecord, peak_memory_bytes, tensor_bytes
 from engine.model import LlamaFamilyModel, ModelSpec, rope_cos_sin
 from engine.request import Request
 from engine.runner import ModelRunner
@@ -135,7 +135,7 @@ class NativeCore:
                                   decode_graphs)
         self.cuda_graphs = use_graphs
         self.weights_bytes = tensor_bytes(self.model)
-        self.history: deque[dict] = deque(maxlen=STEP_HISTORY)
+        self.history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self.steps = 0
 
     def add(self, request: Request) -> None:
@@ -172,12 +172,11 @@ class NativeCore:
             if request.finished:
                 self.scheduler.remove(request)
         self.steps += 1
-        self.history.append({
-            "time": now, "duration": now - started, "batch_size": len(scheduled),
-            "num_tokens": sum(item.num_new_tokens for item in scheduled), "num_decode_tokens": len(tokens),
-            "num_running": len(self.scheduler.running),
-            "kv_blocks_used": self.block_manager.num_blocks - self.block_manager.num_free_blocks,
-        })
+        self.history.append(StepRecord(
+            time=now, duration=now - started, batch_size=len(scheduled),
+            num_tokens=sum(item.num_new_tokens for item in scheduled), num_decode_tokens=len(tokens),
+            num_running=len(self.scheduler.running),
+            kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks))
 
     def stats(self) -> dict:
         manager = self.block_manager

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from engine import StepRecord
+
 WINDOW_S = 60.0
 BIN_S = 1.0
 MIB = 1024 * 1024
@@ -71,32 +73,32 @@ def _bin_index(t: float, now: float) -> int | None:
     return int(WINDOW_S / BIN_S) - 1 - int(math.floor(age / BIN_S))
 
 
-def throughput_frame(steps: list[dict], now: float) -> pd.DataFrame:
+def throughput_frame(steps: list[StepRecord], now: float) -> pd.DataFrame:
     """Prefill and decode tokens per second, binned over the last WINDOW_S seconds."""
     starts = _bin_starts()
     prefill = [0.0] * len(starts)
     decode = [0.0] * len(starts)
     for step in steps:
-        index = _bin_index(step["time"], now)
+        index = _bin_index(step.time, now)
         if index is None:
             continue
-        decode_tokens = step.get("num_decode_tokens", 0)
+        decode_tokens = step.num_decode_tokens
         decode[index] += decode_tokens
-        prefill[index] += max(step.get("num_tokens", 0) - decode_tokens, 0)
+        prefill[index] += max(step.num_tokens - decode_tokens, 0)
     rows = [{"time_s": x + BIN_S, "tokens_per_s": tokens / BIN_S, "phase": phase}
             for phase, series in (("prefill", prefill), ("decode", decode))
             for x, tokens in zip(starts, series, strict=True)]
     return _typed(rows, {"time_s": float, "tokens_per_s": float, "phase": object})
 
 
-def batch_frame(steps: list[dict], now: float) -> pd.DataFrame:
+def batch_frame(steps: list[StepRecord], now: float) -> pd.DataFrame:
     """The largest running batch in each time bin (0 when the engine was idle)."""
     starts = _bin_starts()
     sizes = [0] * len(starts)
     for step in steps:
-        index = _bin_index(step["time"], now)
+        index = _bin_index(step.time, now)
         if index is not None:
-            sizes[index] = max(sizes[index], step.get("batch_size", 0))
+            sizes[index] = max(sizes[index], step.batch_size)
     rows = [{"time_s": x + BIN_S, "sequences": size} for x, size in zip(starts, sizes, strict=True)]
     return _typed(rows, {"time_s": float, "sequences": float})
 

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
-from engine.config import EngineConfig, load_preset, preset_description, unavailable_reason
-from engine.errors import EngineError
-from engine.sampling import SamplingParams
+from engine import EngineConfig, EngineError, SamplingParams, load_preset, preset_description, unavailable_reason
 from playground import charts
 from playground.conversation import PromptTooLong, as_prompt, count_prompt_tokens, fit_history
 from playground.figures import figures_html, format_bytes, header_html, model_label, reply_figures

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.config import CHOICES, list_presets
+from engine import CHOICES, list_presets
 from playground import charts
 from playground.figures import header_html
 from playground.handlers import FORM_FIELDS, Playground, availability_note, choice_label

@@ -12,9 +12,7 @@ import gradio as gr
 import psutil
 import torch
 
-from engine import Engine, EngineConfig
-from engine.loader import list_models
-from engine.metrics import describe_device
+from engine import Engine, EngineConfig, describe_device, list_models
 from playground.handlers import Playground, config_key, engine_size_bytes
 from playground.layout import CSS_PATH, THEME, build_app
 from playground.pool import EnginePool

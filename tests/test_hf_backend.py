@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -70,6 +72,7 @@ def test_stream_text_equals_generate_text(engine):
 
 
 def test_metrics_and_stats(engine):
+    started = time.perf_counter()
     output = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     metrics = output.metrics
     assert metrics.output_tokens == 8 and metrics.prompt_tokens == len(PROMPTS[0])
@@ -80,9 +83,9 @@ def test_metrics_and_stats(engine):
     stats = engine.stats()
     assert NATIVE_STATS_KEYS <= set(stats)
     assert stats["weights_bytes"] > 0
-    history = engine.step_history()
-    assert history and {"time", "duration", "batch_size", "num_tokens", "num_decode_tokens", "num_running",
-                        "kv_blocks_used"} <= set(history[-1])
+    history = engine.step_history(since=started)
+    assert sum(step.num_decode_tokens for step in history) == 8, "each generated token is counted in one step"
+    assert all(step.duration >= 0 and step.batch_size >= 1 for step in history)
 
 
 def test_cancel_stops_the_request(engine):

@@ -19,8 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.metrics import RequestMetrics
+from engine import EngineConfig, RequestMetrics, StepRecord
 from playground import charts
 from playground.conversation import PromptTooLong, fit_history
 from playground.figures import config_summary, decode_tokens_per_second, figures_html, reply_figures
@@ -168,9 +167,10 @@ def test_form_round_trips_a_configuration():
 
 def test_throughput_chart_bins_prefill_and_decode_tokens():
     now = 100.0
-    steps = [{"time": 99.5, "batch_size": 2, "num_tokens": 30, "num_decode_tokens": 2},
-             {"time": 99.7, "batch_size": 3, "num_tokens": 3, "num_decode_tokens": 3},
-             {"time": 10.0, "batch_size": 9, "num_tokens": 9, "num_decode_tokens": 9}]  # outside the window
+    steps = [StepRecord(99.5, 0.1, batch_size=2, num_tokens=30, num_decode_tokens=2, num_running=2, kv_blocks_used=4),
+             StepRecord(99.7, 0.1, batch_size=3, num_tokens=3, num_decode_tokens=3, num_running=3, kv_blocks_used=5),
+             StepRecord(10.0, 0.1, batch_size=9, num_tokens=9, num_decode_tokens=9, num_running=9,
+                        kv_blocks_used=9)]  # outside the window
     frame = charts.throughput_frame(steps, now)
     last = frame[frame["time_s"] == 0.0].set_index("phase")["tokens_per_s"]
     assert last["prefill"] == 28 / charts.BIN_S and last["decode"] == 5 / charts.BIN_S
@@ -369,7 +369,7 @@ def test_sessions_with_the_same_configuration_are_batched_together(running_app):
     assert all(s.last_figures["output_tokens"] >= 1 for s in sessions)
     with app.pool.lease(sessions[0].config) as entry:
         steps = entry.engine.step_history(since=started)
-    assert max(step["batch_size"] for step in steps) >= 2, "concurrent chats did not share a batch"
+    assert max(step.batch_size for step in steps) >= 2, "concurrent chats did not share a batch"
 
 
 @pytest.mark.slow
