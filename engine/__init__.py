@@ -20,8 +20,9 @@ from engine.loader import ModelEntry, list_models
 from engine.metrics import RequestMetrics, StepRecord, describe_device
 from engine.request import RequestOutput, StreamDelta
 from engine.sampling import SamplingParams
+from engine.sizing import MemoryEstimate, estimate_memory
 
-__all__ = ["CHOICES", "ConfigError", "Engine", "EngineConfig", "EngineError", "ModelEntry", "ModelLoadError",
-           "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams", "StepRecord", "StreamDelta",
-           "describe_device", "list_models", "list_presets", "load_preset", "preset_description",
-           "unavailable_reason"]
+__all__ = ["CHOICES", "ConfigError", "Engine", "EngineConfig", "EngineError", "MemoryEstimate", "ModelEntry",
+           "ModelLoadError", "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams", "StepRecord",
+           "StreamDelta", "describe_device", "estimate_memory", "list_models", "list_presets", "load_preset",
+           "preset_description", "unavailable_reason"]
