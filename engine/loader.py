@@ -34,6 +34,7 @@ class ModelEntry:
     params: str = ""
     memory: str = ""
     default: bool = False
+    examples: tuple[str, ...] = ()  # questions this model answers well, offered as clickable examples
 
 
 def list_models() -> dict[str, ModelEntry]:
@@ -47,7 +48,8 @@ def list_models() -> dict[str, ModelEntry]:
     for name, entry in table.items():
         if not isinstance(entry.get("source"), str):
             raise ModelLoadError(f"{path}: entry {name!r} has no source (quote table names containing dots)")
-    return {name: ModelEntry(name=name, **{k: v for k, v in entry.items() if k in fields})
+    return {name: ModelEntry(name=name, **{k: tuple(v) if isinstance(v, list) else v
+                                           for k, v in entry.items() if k in fields})
             for name, entry in table.items()}
 
 
