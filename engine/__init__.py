@@ -6,6 +6,7 @@ the availability of each choice on this host). Importable without gradio; code o
 `engine/` imports only these names.
 """
 
+from engine.backends.base import StepRecord
 from engine.config import (
     CHOICES,
     EngineConfig,
@@ -14,12 +15,12 @@ from engine.config import (
     preset_description,
     unavailable_reason,
 )
+from engine.core.metrics import RequestMetrics, describe_device
+from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
-from engine.loader import ModelEntry, list_models
-from engine.metrics import RequestMetrics, StepRecord, describe_device
-from engine.request import RequestOutput, StreamDelta
-from engine.sampling import SamplingParams
+from engine.hub import ModelEntry, list_models
+from engine.sampling_params import SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
 
 __all__ = ["CHOICES", "ConfigError", "Engine", "EngineConfig", "EngineError", "MemoryEstimate", "ModelEntry",

@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig, load_preset
+from engine.core.metrics import describe_device, summarize
 from engine.errors import EngineError
-from engine.metrics import describe_device, summarize
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
 
 RANDOM_MODELS = {
@@ -177,6 +177,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
         stats = engine.stats()
         info = dict(engine.info)
+        resolved = engine.config.to_dict()
     finally:
         engine.close()
         del engine
@@ -198,7 +199,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         "peak_memory_bytes": stats.get("peak_memory_bytes"),
         "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
         "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
-        "config": config.to_dict(),
+        "config": resolved,
     })
     return result
 

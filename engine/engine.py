@@ -1,34 +1,40 @@
 """`Engine`: the public API. Callers on any thread submit requests; one loop thread batches them all.
 
 The engine turns prompts (text, token ids or chat messages) into token ids, validates them
-against the context length, and hands them to a core: the native core (our model, scheduler and
-paged KV cache) or the hf core (plain `transformers`, the baseline). Both are stepped by the same
-loop here, so requests, streaming, cancellation and metrics behave the same on either.
+against the context length, and hands them to a backend (`engine/backends/`): the native one
+(our model, scheduler and paged KV cache) or the `transformers` baseline. Both implement one
+contract and are stepped by the same loop here, so requests, streaming, cancellation and
+metrics behave the same on either. A failure while building the engine releases everything it
+allocated; `close()` frees the model and KV cache and ends pending streams as "aborted".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator
 
 import torch
 
+from engine.backends.base import Backend, StepRecord
 from engine.config import EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.metrics import describe_device
+from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
 from engine.errors import ModelLoadError, RequestError
-from engine.loader import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
-from engine.metrics import StepRecord, describe_device
-from engine.model import NATIVE_ARCHITECTURES
-from engine.request import Request, RequestHandle, RequestOutput, StreamDelta
-from engine.sampling import SamplingParams
+from engine.hub import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
+from engine.model.spec import NATIVE_ARCHITECTURES
+from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 Prompt = str | list[int] | list[dict]
-WARMUP_TOKENS = 4
+STEP_HISTORY = 4096
+SEED_BITS = 62
 
 
 def _is_single_prompt(prompts) -> bool:
@@ -37,6 +43,35 @@ def _is_single_prompt(prompts) -> bool:
     if isinstance(prompts, list) and prompts:
         return all(isinstance(p, int) for p in prompts) or all(isinstance(p, dict) for p in prompts)
     return False
+
+
+def _check_text(text: str, what: str) -> None:
+    """Text must be encodable (no lone surrogates), or the tokenizer fails in unclear ways."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RequestError(f"{what} is not valid Unicode text (it contains a lone surrogate at position "
+                           f"{error.start})") from None
+
+
+def _check_messages(messages: list[dict]) -> None:
+    for index, message in enumerate(messages):
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or not role:
+            raise RequestError(f"chat message {index} needs a 'role' string")
+        if not isinstance(content, str):
+            raise RequestError(f"chat message {index} needs a 'content' string, got {type(content).__name__}")
+        _check_text(content, f"chat message {index}")
+
+
+def _make_backend(config: EngineConfig, path, hf_config) -> Backend:
+    if config.backend == "native":
+        from engine.backends.native import NativeBackend
+
+        return NativeBackend(config, path, hf_config)
+    from engine.backends.hf import HFBackend
+
+    return HFBackend(config, path, hf_config)
 
 
 class Engine:
@@ -58,63 +93,54 @@ class Engine:
             raise ModelLoadError(f"architecture {architecture} is not covered by the native engine "
                                  f"(it runs {', '.join(NATIVE_ARCHITECTURES)}); use backend='hf'")
         if config.backend == "auto":
-            config.backend = "native" if native_ok else "hf"
+            config = dataclasses.replace(config, backend="native" if native_ok else "hf")
             if not native_ok:
                 notices.append(f"{architecture} is not covered by the native engine: served by transformers")
-        if config.backend == "native":
-            from engine.native_core import NativeCore
-
-            self._core = NativeCore(config, path, hf_config)
-        else:
-            from engine.hf_backend import HFCore
-
-            self._core = HFCore(config, path, hf_config)
-        notices.extend(getattr(self._core, "notices", []))
-        config.max_model_len = self._core.max_model_len
-        self.config = config
+        self._backend: Backend | None = _make_backend(config, path, hf_config)
+        backend_info = self._backend.info
+        self.config = dataclasses.replace(config, max_model_len=backend_info.max_model_len)
         self.eos_token_ids = eos_token_ids(path, hf_config, self.tokenizer)
-        self._generator_seed = config.seed
+        self._seeds = torch.Generator().manual_seed(config.seed)
+        self._history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self._wakeup = threading.Condition()
         self._inbox: list[Request] = []
         self._closed = False
         self._loop = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
         self._loop.start()
-        self._warm_up()
+        try:
+            self._warm_up()
+        except BaseException:
+            self.close()
+            raise
         self.info = {
-            "model": config.model, "path": str(path), "architecture": architecture, "backend": config.backend,
-            "num_params": sum(p.numel() for p in self._core.model.parameters()), "vocab_size": self._core.vocab_size,
-            "dtype": str(self._core.dtype).removeprefix("torch."), "device": self._core.device,
-            "device_name": describe_device(), "attention": getattr(self._core, "attention_name", "transformers"),
-            "cuda_graphs": getattr(self._core, "cuda_graphs", False),
-            "max_model_len": self._core.max_model_len, "load_seconds": time.perf_counter() - started,
-            "notices": notices,
+            "model": config.model, "path": str(path), "architecture": architecture,
+            **dataclasses.asdict(backend_info), "device_name": describe_device(),
+            "load_seconds": time.perf_counter() - started, "notices": notices + list(backend_info.notices),
         }
 
     def _warm_up(self) -> None:
-        """Run one tiny request through the whole path, so a broken setup fails here, not on a user."""
-        output = self.generate([[0] * WARMUP_TOKENS], SamplingParams(max_tokens=2, ignore_eos=True))[0]
-        if output.finish_reason == "error":
-            self.close()
-            raise ModelLoadError(f"the engine failed its warm-up request: {output.error}")
+        """Run the smallest request through the whole path, so a broken setup fails here, not on a user."""
+        output = self.generate([[0]], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+        if output.finish_reason != "length":
+            raise ModelLoadError(f"the engine failed its warm-up request: {output.error or output.finish_reason}")
 
     # ---- prompts -------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: text, token ids, or chat messages rendered with the chat template."""
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        """Token ids of a prompt: text, token ids, or chat messages rendered with the chat template.
+
+        Raises RequestError for anything else, and for a prompt that leaves no room to generate.
+        """
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in prompt):
             ids = list(prompt)
-        elif isinstance(prompt, str | list) and self.tokenizer is None:
-            raise RequestError("this model has no tokenizer: send token ids instead of text")
-        elif isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise RequestError("this model has no chat template: send plain text instead of messages")
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt
+                                         and all(isinstance(m, dict) for m in prompt)):
+            ids = self._encode_text_or_messages(prompt)
         else:
-            raise RequestError("a prompt must be a string, a list of token ids or a list of chat messages")
-        vocab = self._core.vocab_size
+            raise RequestError("a prompt must be a string, a list of token ids or a list of chat messages "
+                               f"(role/content dicts), got {type(prompt).__name__}")
+        vocab = self._backend_info().vocab_size
         if not ids:
             raise RequestError("the prompt is empty")
         if any(t < 0 or t >= vocab for t in ids):
@@ -124,14 +150,33 @@ class Engine:
                                "shorten it (at least one token must fit after it)")
         return ids
 
+    def _encode_text_or_messages(self, prompt: str | list[dict]) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: send token ids instead of text")
+        if isinstance(prompt, str):
+            _check_text(prompt, "the prompt")
+            return self.tokenizer.encode(prompt)
+        _check_messages(prompt)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError("this model has no chat template: send plain text instead of messages")
+        try:
+            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        except Exception as error:  # the model's template refuses these messages (e.g. roles out of order)
+            raise RequestError(f"the model's chat template cannot render these messages: {error}") from None
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _backend_info(self):
+        if self._backend is None:
+            raise RequestError("the engine is closed")
+        return self._backend.info
+
     def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
         ids = self.encode(prompt)
-        generator = None
-        if not params.greedy:
-            seed = params.seed if params.seed is not None else torch.randint(2**62, (1,)).item()
-            generator = torch.Generator().manual_seed(seed)
+        seed = params.seed
+        if seed is None:
+            seed = int(torch.randint(2**SEED_BITS, (1,), generator=self._seeds).item())
         return Request(ids, params, self.eos_token_ids, self.config.max_model_len,
-                       IncrementalDetokenizer(self.tokenizer, ids, params.stop), generator)
+                       IncrementalDetokenizer(self.tokenizer, ids, params.stop), seed)
 
     # ---- public API ----------------------------------------------------------------------------
 
@@ -140,11 +185,13 @@ class Engine:
         return self._submit_all([prompt], params)[0]
 
     def _submit_all(self, prompts: list[Prompt], params: SamplingParams | None) -> list[RequestHandle]:
+        if params is not None and not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
         params = (params or SamplingParams()).validate()
-        requests = [self._make_request(prompt, params) for prompt in prompts]
         with self._wakeup:
             if self._closed:
                 raise RequestError("the engine is closed")
+            requests = [self._make_request(prompt, params) for prompt in prompts]
             self._inbox.extend(requests)
             self._wakeup.notify()
         return [RequestHandle(request, self._cancel_request(request)) for request in requests]
@@ -158,7 +205,11 @@ class Engine:
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RequestOutput]:
         """One output per prompt, in order. All prompts are validated before any is queued."""
+        if prompts is None or not isinstance(prompts, str | list | tuple):
+            raise RequestError("generate() takes a prompt or a list of prompts")
         batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
+        if not batch:
+            raise RequestError("generate() got no prompts")
         return [handle.result() for handle in self._submit_all(batch, params)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
@@ -171,21 +222,35 @@ class Engine:
                 handle.cancel()
 
     def stats(self) -> dict:
-        return self._core.stats()
+        """Engine-level figures (DESIGN.md); after `close()`, zeros with `closed` true."""
+        with self._wakeup:
+            backend = None if self._closed else self._backend
+            stats = dataclasses.asdict(backend.stats()) if backend is not None else None
+        if stats is None:
+            return {"closed": True, "weights_bytes": 0, "kv_cache_bytes": 0, "kv_cache_used_bytes": 0,
+                    "kv_blocks_total": 0, "kv_blocks_free": 0, "num_running": 0, "num_waiting": 0,
+                    "prefix_cache_hit_rate": 0.0, "spec_acceptance_rate": 0.0, "peak_memory_bytes": 0}
+        return {"closed": False, **stats}
 
     def step_history(self, since: float = 0.0) -> list[StepRecord]:
-        """The recent steps (newest last) that ended after `since` (a `time.perf_counter()` value)."""
-        return [step for step in list(self._core.history) if step.time > since]
+        """The recent steps (oldest first) that ended after `since` (a `time.perf_counter()` value)."""
+        return [step for step in list(self._history) if step.time > since]
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
-        """Stop the loop, cancel what is pending and free the model and KV cache."""
+        """Stop the loop, end pending requests as "aborted", and free the model and KV cache."""
         with self._wakeup:
             if self._closed:
                 return
             self._closed = True
             self._wakeup.notify()
         self._loop.join()
-        self._core.close()
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            backend.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -196,28 +261,28 @@ class Engine:
     # ---- the loop ------------------------------------------------------------------------------
 
     def _run_loop(self) -> None:
-        core = self._core
+        backend = self._backend
         while True:
             with self._wakeup:
-                while not (self._inbox or core.has_work() or self._closed):
+                while not (self._inbox or backend.has_work() or self._closed):
                     self._wakeup.wait()
                 if self._closed:
                     break
                 arrivals, self._inbox = self._inbox, []
             for request in arrivals:
-                core.add(request)
-            for request in core.requests():
+                backend.add(request)
+            for request in backend.requests():
                 if request.cancel_requested:
-                    core.remove(request)
+                    backend.abort(request)
                     request.finish("cancelled")
-            if not core.has_work():
+            if not backend.has_work():
                 continue
             try:
-                core.step()
+                backend.step(self._history.append)
             except Exception as error:  # a failed step fails its requests, never the engine
                 log.error("engine step failed:\n%s", traceback.format_exc())
-                for request in core.requests():
-                    core.remove(request)
+                for request in backend.requests():
+                    backend.abort(request)
                     request.finish("error", f"{type(error).__name__}: {error}")
-        for request in self._inbox + core.requests():
-            request.finish("cancelled")
+        for request in self._inbox + backend.requests():
+            request.finish("aborted", "the engine was closed")

@@ -132,10 +132,6 @@ def flash_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def engine_has_cuda_graphs() -> bool:
-    return importlib.util.find_spec("engine.cuda_graphs") is not None
-
-
 def check_throughput(path: str, num_prompts: int, input_len: int, output_len: int) -> list[dict]:
     from engine.bench import build_config, run_config
     from engine.workloads import WorkloadSpec
@@ -144,9 +140,8 @@ def check_throughput(path: str, num_prompts: int, input_len: int, output_len: in
     runs = [("native sdpa", "continuous", {"attention": "sdpa"})]
     if flash_available():
         runs.append(("native flash-attn", "continuous", {"attention": "flash-attn", "block_size": 256}))
-        if engine_has_cuda_graphs():
-            runs.append(("native flash-attn, no CUDA graphs", "continuous",
-                         {"attention": "flash-attn", "block_size": 256, "cuda_graphs": False}))
+        runs.append(("native flash-attn, no CUDA graphs", "continuous",
+                     {"attention": "flash-attn", "block_size": 256, "cuda_graphs": False}))
     runs.append(("hf continuous (transformers generate_batch)", "baseline-hf", {}))
     runs.append(("hf static (transformers generate, padded batch)", "hf-static", {"max_num_seqs": num_prompts}))
     rows = []
@@ -187,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from engine.metrics import describe_device
+    from engine.core.metrics import describe_device
 
     started = time.perf_counter()
     report = {"device": describe_device(), "torch": torch.__version__, "flash_attn": flash_available(),
-              "cuda_graphs_in_engine": engine_has_cuda_graphs(), "equality": [], "throughput": []}
+              "equality": [], "throughput": []}
     import transformers
 
     report["transformers"] = transformers.__version__

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
-from engine.loader import load_hf_config, resolve_model_path
+from engine.hub import load_hf_config, resolve_model_path
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,10 @@ def count_parameters(hf_config) -> int:
 
 def estimate_memory(config: EngineConfig) -> MemoryEstimate:
     """Weights and KV bytes of `config` (validated), without loading the weights."""
-    from engine.kv_cache import bytes_per_block
-    from engine.model import NATIVE_ARCHITECTURES, ModelSpec
-    from engine.native_core import resolve_dtype, resolve_kv_blocks, resolve_max_model_len
+    from engine.backends.base import resolve_dtype
+    from engine.backends.native import resolve_kv_blocks, resolve_max_model_len
+    from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
+    from engine.runner.kv_cache import bytes_per_block
 
     config = config.validate()
     hf_config = load_hf_config(resolve_model_path(config.model))

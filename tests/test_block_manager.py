@@ -1,11 +1,11 @@
-"""Block manager invariants under random allocate / grow / commit / fork / free sequences."""
+"""Block manager invariants under random allocate / grow / commit / free sequences."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 
 BLOCK = 4
 
@@ -24,7 +24,7 @@ def check_invariants(manager: BlockManager) -> None:
     assert set(manager.pending.values()) <= set(manager.tables), "a pending prefix block outlived its sequence"
 
 
-operations = st.lists(st.tuples(st.sampled_from(["allocate", "grow", "commit", "fork", "free"]),
+operations = st.lists(st.tuples(st.sampled_from(["allocate", "grow", "commit", "free"]),
                                 st.integers(0, 5), st.integers(1, 30), st.integers(0, 2)), max_size=60)
 
 
@@ -33,7 +33,6 @@ operations = st.lists(st.tuples(st.sampled_from(["allocate", "grow", "commit", "
 def test_random_operations_keep_invariants(ops, prefix_caching, num_blocks):
     manager = BlockManager(num_blocks, BLOCK, prefix_caching)
     tokens: dict[int, list[int]] = {}
-    next_child = 100
     for op, seq, length, alphabet in ops:
         if op == "allocate" and seq not in tokens:
             prompt = [alphabet] * length
@@ -48,17 +47,6 @@ def test_random_operations_keep_invariants(ops, prefix_caching, num_blocks):
                 tokens[seq] = tokens[seq] + [alphabet] * length
         elif op == "commit" and seq in tokens:
             manager.commit(seq, tokens[seq], len(tokens[seq]))
-        elif op == "fork" and seq in tokens:
-            before = manager.num_free_blocks
-            try:
-                copies = manager.fork(seq, next_child)
-            except MemoryError:
-                assert manager.num_free_blocks == before
-            else:
-                assert len(manager.tables[next_child]) == len(manager.tables[seq])
-                assert all(src in manager.tables[seq] for src, _ in copies)
-                tokens[next_child] = list(tokens[seq])
-                next_child += 1
         elif op == "free" and seq in tokens:
             manager.free(seq)
             del tokens[seq]

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.kv_cache import bytes_per_block
-from engine.model import ModelSpec
+from engine.model.spec import ModelSpec
+from engine.runner.kv_cache import bytes_per_block
 from tests.tiny_models import TINY_ARCHITECTURES, VOCAB
 
 MAX_TOKENS = 12

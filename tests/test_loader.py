@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
-from engine.loader import list_models, resolve_model_path, safetensors_files
+from engine.hub import list_models, resolve_model_path
+from engine.model.weights import safetensors_files
 
 
 def test_sharded_checkpoint_loads_and_matches(tiny_llama_dir, tmp_path):
@@ -48,9 +49,9 @@ def test_folder_without_config_is_refused(tmp_path):
 
 
 def test_curated_entry_with_a_missing_folder_says_so(monkeypatch):
-    from engine import loader
+    from engine import hub
 
-    monkeypatch.setattr(loader, "list_models", lambda: {"gone": loader.ModelEntry("gone", "assets/models/nothing")})
+    monkeypatch.setattr(hub, "list_models", lambda: {"gone": hub.ModelEntry("gone", "assets/models/nothing")})
     with pytest.raises(ModelLoadError, match="curated model 'gone' points to assets/models/nothing"):
         resolve_model_path("gone")
 

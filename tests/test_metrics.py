@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.metrics import RequestMetrics, percentile, summarize
-from engine.sampling import filter_logits
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.metrics import RequestMetrics, percentile, summarize
 
 
 def test_request_metrics_follow_the_definitions():
@@ -74,11 +72,3 @@ def test_detokenizer_holds_back_a_possible_stop_string(tiny_chat_dir):
         if stopped:
             break
     assert stopped and shown == "return "
-
-
-def test_top_k_and_top_p_filters():
-    logits = torch.tensor([4.0, 3.0, 2.0, 1.0])
-    assert torch.isinf(filter_logits(logits, 1.0, 2, 1.0)[2:]).all()
-    nucleus = filter_logits(logits, 1.0, 0, 0.5)
-    assert not torch.isinf(nucleus[0]) and torch.isinf(nucleus[1:]).all()
-    assert not torch.isinf(filter_logits(logits, 1.0, 0, 0.9)[:2]).any()

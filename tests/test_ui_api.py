@@ -221,7 +221,7 @@ def build_tiny_model(folder) -> str:
 def pick_model(tmp_path_factory) -> str:
     """The bundled demo model when present, else a tiny random one."""
     from engine.errors import ModelLoadError
-    from engine.loader import list_models, resolve_model_path
+    from engine.hub import list_models, resolve_model_path
 
     if "demo" in list_models():
         try:

@@ -148,24 +148,6 @@ class BlockManager:
                 del self.pending[block_hash]
         self.num_hashed[seq_id] = max(first, full)
 
-    def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
-        """Give `child_id` the parent's K/V: full blocks shared, the partly filled last block copied.
-
-        Returns (source, destination) block pairs whose contents the caller must copy.
-        """
-        if child_id in self.tables:
-            raise ValueError(f"sequence {child_id} already has blocks")
-        parent = self.tables[parent_id]
-        shared = parent[:self.num_hashed[parent_id]] if self.prefix_caching else parent[:-1]
-        if len(parent) - len(shared) > self.num_free_blocks:
-            raise MemoryError("not enough free KV blocks")
-        for block_id in shared:
-            self.blocks[block_id].ref_count += 1
-        copies = [(source, self._take_free_block()) for source in parent[len(shared):]]
-        self.tables[child_id] = shared + [dest for _, dest in copies]
-        self.num_hashed[child_id] = len(shared) if self.prefix_caching else 0
-        return copies
-
     def free(self, seq_id: int) -> None:
         """Release a sequence's blocks; cached ones stay findable until reallocated."""
         for block_id in reversed(self.tables.pop(seq_id)):

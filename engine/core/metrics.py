@@ -16,19 +16,6 @@ import psutil
 import torch
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """What one engine step did, as the live charts and the bench read it (every backend records these)."""
-
-    time: float
-    duration: float
-    batch_size: int
-    num_tokens: int
-    num_decode_tokens: int
-    num_running: int
-    kv_blocks_used: int
-
-
 @dataclass
 class RequestMetrics:
     """Latency and token counts of one request, derived from its timestamps."""
@@ -40,7 +27,7 @@ class RequestMetrics:
     tpot: float | None = None
     e2el: float | None = None
     itl: list[float] = field(default_factory=list)
-    spec_proposed: int = 0
+    spec_proposed: int = 0  # speculative tokens proposed for this request, and how many were accepted
     spec_accepted: int = 0
 
     @classmethod
@@ -58,10 +45,6 @@ class RequestMetrics:
             if len(token_times) > 1:
                 metrics.tpot = (metrics.e2el - metrics.ttft) / (len(token_times) - 1)
         return metrics
-
-    @property
-    def decode_tokens_per_s(self) -> float | None:
-        return 1.0 / self.tpot if self.tpot else None
 
 
 def percentile(values: list[float], q: float) -> float:

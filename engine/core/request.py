@@ -13,11 +13,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import torch
-
-from engine.detokenizer import IncrementalDetokenizer
-from engine.metrics import RequestMetrics
-from engine.sampling import SamplingParams
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.metrics import RequestMetrics
+from engine.sampling_params import SamplingParams
 
 _request_ids = itertools.count()
 
@@ -56,15 +54,13 @@ class Request:
     eos_token_ids: frozenset[int]
     max_model_len: int
     detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None
+    seed: int
     request_id: int = field(default_factory=lambda: next(_request_ids))
     arrival_time: float = field(default_factory=time.perf_counter)
     output_token_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None
-    spec_proposed: int = 0
-    spec_accepted: int = 0
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
@@ -87,7 +83,7 @@ class Request:
         so streaming a long answer costs O(1) per token rather than O(length)."""
         return RequestMetrics.from_timestamps(
             self.arrival_time, self.token_times, len(self.prompt_token_ids), self.num_cached_tokens or 0,
-            self.spec_proposed, self.spec_accepted, with_itl=self.finished)
+            with_itl=self.finished)
 
     def append_tokens(self, token_ids: list[int], now: float) -> None:
         """Record newly sampled tokens, decide whether the request is done, and publish a delta.
@@ -113,12 +109,13 @@ class Request:
         self.outbox.put(StreamDelta(text, accepted, self.finished, self.finish_reason, self.metrics()))
 
     def finish(self, reason: str, error: str | None = None) -> None:
-        """End the request without a new token (cancelled, or failed with `error`)."""
+        """End the request without a new token: "cancelled" by its caller, "aborted" by the engine
+        closing, or "error" (failed, with `error` saying why)."""
         if self.finished:
             return
         self.finish_reason = reason
         self.error = error
-        text = self.detokenizer.flush() if reason == "cancelled" else ""
+        text = self.detokenizer.flush() if reason in ("cancelled", "aborted") else ""
         self.outbox.put(StreamDelta(text, [], True, reason, self.metrics(), error))
 
 

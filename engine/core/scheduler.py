@@ -19,21 +19,35 @@ them, as vLLM's v1 scheduler does.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.request import Request
+from engine.core.block_manager import BlockManager
+from engine.core.request import Request
 
 
 @dataclass
 class ScheduledRequest:
+    """One request's share of a step: how many of its tokens get K/V computed, and where they go.
+
+    `speculative_token_ids` are proposed tokens appended after the request's own tokens for
+    verification: they get K/V and logits this step, but only those the sampler accepts become
+    output; the cache entries of the rejected ones are overwritten later.
+    """
+
     request: Request
     num_new_tokens: int
+    block_table: list[int]
+    speculative_token_ids: list[int] = field(default_factory=list)
 
     @property
     def completes_sequence(self) -> bool:
         """After this step all its tokens have K/V, so the last position's logits give the next token."""
         return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+    @property
+    def num_logits(self) -> int:
+        """Positions whose logits are sampled: the last one (plus one per speculative token), or none mid-prompt."""
+        return 1 + len(self.speculative_token_ids) if self.completes_sequence else 0
 
 
 class Scheduler:
@@ -87,7 +101,7 @@ class Scheduler:
             if request not in self.running:
                 break
             self.block_manager.grow(request.request_id, target)
-            scheduled.append(ScheduledRequest(request, num_new))
+            scheduled.append(ScheduledRequest(request, num_new, self.block_manager.block_table(request.request_id)))
             budget -= num_new
             index += 1
         return scheduled, budget
@@ -111,7 +125,7 @@ class Scheduler:
             self.running.append(request)
             num_new = min(request.num_tokens - cached, budget)
             if num_new > 0:
-                scheduled.append(ScheduledRequest(request, num_new))
+                scheduled.append(ScheduledRequest(request, num_new, self.block_manager.block_table(request.request_id)))
                 budget -= num_new
 
     def schedule(self) -> list[ScheduledRequest]:
@@ -123,10 +137,17 @@ class Scheduler:
         return scheduled
 
     def complete_step(self, scheduled: list[ScheduledRequest]) -> None:
-        """Advance each request's computed-token count and publish its newly full blocks to the prefix cache."""
+        """Advance each request's computed-token count and publish its newly full blocks to the prefix cache.
+
+        Call it after the step's accepted tokens were appended to their requests: speculative
+        tokens count as computed only where they were accepted (they are then the request's own
+        next tokens), so the prefix cache never hashes a block holding a rejected token's K/V.
+        """
         for item in scheduled:
             request = item.request
-            request.num_computed_tokens += item.num_new_tokens
+            computed = request.num_computed_tokens + item.num_new_tokens + len(item.speculative_token_ids)
+            request.num_computed_tokens = min(computed, request.num_tokens - 1 if item.completes_sequence
+                                              else computed)
             self.block_manager.commit(request.request_id, request.all_token_ids, request.num_computed_tokens)
 
     @property

@@ -24,21 +24,23 @@ import queue
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import torch
 
-from engine.config import EngineConfig
-from engine.metrics import StepRecord, peak_memory_bytes, tensor_bytes
-from engine.native_core import (
-    CPU_KV_FRACTION_OF_AVAILABLE,
+from engine.backends.base import (
     DEFAULT_MAX_MODEL_LEN,
-    GPU_KV_FRACTION_OF_FREE,
-    STEP_HISTORY,
+    BackendInfo,
+    BackendStats,
+    StepRecord,
+    kv_budget_bytes,
     resolve_dtype,
 )
-from engine.request import Request
+from engine.config import EngineConfig
+from engine.core.metrics import peak_memory_bytes, tensor_bytes
+from engine.core.request import Request
+from engine.errors import ModelLoadError
 
 CB_MIN_PAGE_SIZE = 4
 CB_POLL_SECONDS = 0.005
@@ -75,7 +77,7 @@ class _StepFeeder:
     the last column holds the token just produced for every row.
     """
 
-    def __init__(self, core: HFCore, requests: list[Request], prompt_tokens: int):
+    def __init__(self, core: HFBackend, requests: list[Request], prompt_tokens: int):
         self.core = core
         self.requests = requests
         self.done = [False] * len(requests)
@@ -86,25 +88,22 @@ class _StepFeeder:
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         tokens = input_ids[:, -1].tolist()
         now = time.perf_counter()
-        active = 0
-        for row, request in enumerate(self.requests):
-            if self.done[row]:
-                continue
-            active += 1
+        active = [row for row, done in enumerate(self.done) if not done]
+        num_tokens = self.prompt_tokens + len(active) if self.first else len(active)
+        self.core.record_step(now, now - self.last, len(active), num_tokens, len(active), len(active))
+        for row in active:
+            request = self.requests[row]
             if request.cancel_requested:
                 request.finish("cancelled")
             else:
                 request.append_tokens([tokens[row]], now)
             self.done[row] = request.finished
-        num_tokens = self.prompt_tokens + active if self.first else active
-        self.core.record_step(now, now - self.last, active, num_tokens, active,
-                              sum(not d for d in self.done))
         self.first = False
         self.last = now
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
 
-class HFCore:
+class HFBackend:
     """Serves the engine's requests with plain transformers: `generate` or its continuous batching manager."""
 
     def __init__(self, config: EngineConfig, path: Path, hf_config):
@@ -119,15 +118,19 @@ class HFCore:
         self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
         self.batching = config.batching
         self.max_num_seqs = config.max_num_seqs
-        self.attention_name = f"transformers {_attn_implementation(config)}"
         self.notices: list[str] = []
         torch.manual_seed(config.seed)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, trust_remote_code=False,
-                                                     attn_implementation=_attn_implementation(config))
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, trust_remote_code=False,
+                                                         use_safetensors=True,
+                                                         attn_implementation=_attn_implementation(config))
+        except OSError as error:  # no safetensors file: pickled checkpoints are never loaded
+            raise ModelLoadError(f"cannot load safetensors weights from {path.name}: "
+                                 f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
         self.model = model.to(self.device).eval()
         self.pad_token_id = self._pad_token_id(hf_config)
         self.weights_bytes = tensor_bytes(self.model)
-        self.history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
+        self._record: Callable[[StepRecord], None] = lambda step: None
         self.steps = 0
         self.peak_running = 0
         self.prompt_tokens = 0
@@ -140,6 +143,11 @@ class HFCore:
         self._explain_ignored_knobs(config)
         if self.batching == "continuous":
             self._start_manager(config, hf_config)
+        self.info = BackendInfo(
+            backend="hf", attention=f"transformers {_attn_implementation(config)}",
+            dtype=str(self.dtype).removeprefix("torch."), device=self.device,
+            num_params=sum(p.numel() for p in self.model.parameters()), vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len, notices=tuple(self.notices))
 
     # ---- setup ---------------------------------------------------------------------------------
 
@@ -166,15 +174,7 @@ class HFCore:
     def _cb_num_blocks(self, config: EngineConfig, page_size: int, hf_config) -> int:
         block_bytes = _kv_bytes_per_token(hf_config, self.dtype) * page_size
         one_sequence = math.ceil(self.max_model_len / page_size)
-        if config.kv_cache_bytes is not None:
-            return max(1, config.kv_cache_bytes // block_bytes)
-        wanted = config.max_num_seqs * one_sequence * block_bytes
-        if self.device == "cuda":
-            free, _ = torch.cuda.mem_get_info()
-            budget = min(wanted, int(free * GPU_KV_FRACTION_OF_FREE))
-        else:
-            budget = min(wanted, int(psutil.virtual_memory().available * CPU_KV_FRACTION_OF_AVAILABLE))
-        return max(one_sequence, budget // block_bytes)
+        return max(1, kv_budget_bytes(config, one_sequence * block_bytes, self.device) // block_bytes)
 
     def _start_manager(self, config: EngineConfig, hf_config) -> None:
         from transformers import GenerationConfig
@@ -212,7 +212,7 @@ class HFCore:
     def requests(self) -> list[Request]:
         return list(self.running) + list(self.waiting) + list(self._cb_ids.values())
 
-    def remove(self, request: Request) -> None:
+    def abort(self, request: Request) -> None:
         if request in self.waiting:
             self.waiting.remove(request)
         if request in self.running:
@@ -222,7 +222,8 @@ class HFCore:
             self._cb_forget(key)
             self.manager.cancel_request(key)
 
-    def step(self) -> None:
+    def step(self, record: Callable[[StepRecord], None]) -> None:
+        self._record = record
         if self.waiting:
             self._generate_batch()
         if self._cb_ids:
@@ -232,7 +233,7 @@ class HFCore:
                     num_running: int) -> None:
         self.steps += 1
         self.peak_running = max(self.peak_running, batch_size)
-        self.history.append(StepRecord(time=now, duration=duration, batch_size=batch_size, num_tokens=num_tokens,
+        self._record(StepRecord(time=now, duration=duration, batch_size=batch_size, num_tokens=num_tokens,
                                        num_decode_tokens=num_decode_tokens, num_running=num_running,
                                        kv_blocks_used=0))
 
@@ -316,7 +317,8 @@ class HFCore:
                 request.finish("error", "transformers' continuous batching thread stopped")
                 self._cb_forget(key)
             return
-        new_tokens = 0
+        if outputs:
+            self._cb_record(outputs, now)
         for output in outputs:
             request = self._cb_ids.get(output.request_id)
             if request is None:  # removed meanwhile (cancelled, or already stopped by a stop string)
@@ -330,7 +332,6 @@ class HFCore:
             stamps = (output.timestamps or [])[start:]
             for index, token in enumerate(fresh):
                 request.append_tokens([token], stamps[index] if index < len(stamps) else now)
-                new_tokens += 1
                 if request.finished:
                     break
             self._cb_delivered[output.request_id] = start + len(fresh)
@@ -341,12 +342,16 @@ class HFCore:
             elif output.is_finished():
                 request.finish("length")
                 self._cb_forget(output.request_id)
-        if outputs:
-            scheduler = getattr(self.manager.batch_processor, "scheduler", None)
-            running = len(getattr(scheduler, "active_requests", {})) if scheduler is not None else len(self._cb_ids)
-            self.record_step(now, now - self._last_drain, len(outputs), new_tokens, new_tokens, running)
-            self.peak_running = max(self.peak_running, running)
-            self._last_drain = now
+
+    def _cb_record(self, outputs: list, now: float) -> None:
+        """One step record for the tokens the manager produced since the last drain."""
+        new_tokens = sum(len(output.generated_tokens) - self._cb_delivered[output.request_id]
+                         for output in outputs if output.request_id in self._cb_ids and output.error is None)
+        scheduler = getattr(self.manager.batch_processor, "scheduler", None)
+        running = len(getattr(scheduler, "active_requests", {})) if scheduler is not None else len(self._cb_ids)
+        self.record_step(now, now - self._last_drain, len(outputs), new_tokens, new_tokens, running)
+        self.peak_running = max(self.peak_running, running)
+        self._last_drain = now
 
     # ---- figures -------------------------------------------------------------------------------
 
@@ -354,34 +359,24 @@ class HFCore:
         processor = getattr(self.manager, "batch_processor", None) if self.manager is not None else None
         return getattr(processor, "cache", None)
 
-    def stats(self) -> dict:
+    def stats(self) -> BackendStats:
         cache = self._cb_cache()
         kv_bytes = used_bytes = total_blocks = free_blocks = 0
         note = ("transformers' generate grows a fresh cache per call: its size is not tracked, 0 here"
-                if self.batching == "static" else "")
+                if self.batching == "static" else
+                "transformers' paged cache (its prefix sharing is not counted: hit rate 0 here)")
         if cache is not None:
             kv_bytes = int(cache.cache_tensor.nbytes)
             used_bytes = max(0, kv_bytes - int(cache.compute_free_capacity(relative=False)))
             total_blocks = int(cache.num_blocks)
             free_blocks = int(total_blocks * cache.compute_free_capacity(relative=True))
-        running = len(self.running) + len(self._cb_ids)
-        return {
-            "weights_bytes": self.weights_bytes,
-            "kv_cache_bytes": kv_bytes,
-            "kv_cache_used_bytes": used_bytes,
-            "kv_blocks_total": total_blocks,
-            "kv_blocks_free": free_blocks,
-            "kv_block_size": getattr(self.manager.continuous_batching_config, "page_size", 0) if self.manager else 0,
-            "kv_cache_note": note or "transformers' paged cache (its prefix sharing is not counted: hit rate 0 here)",
-            "num_running": running,
-            "num_waiting": len(self.waiting),
-            "peak_running": self.peak_running,
-            "num_preemptions": 0,
-            "prefix_cache_hit_rate": 0.0,
-            "spec_acceptance_rate": 0.0,
-            "peak_memory_bytes": peak_memory_bytes(self.device),
-            "steps": self.steps,
-        }
+        return BackendStats(
+            weights_bytes=self.weights_bytes, kv_cache_bytes=kv_bytes, kv_cache_used_bytes=used_bytes,
+            kv_blocks_total=total_blocks, kv_blocks_free=free_blocks,
+            kv_block_size=self.manager.continuous_batching_config.page_size if self.manager else 0,
+            num_running=len(self.running) + len(self._cb_ids), num_waiting=len(self.waiting),
+            peak_running=self.peak_running, num_preemptions=0, prefix_cache_hit_rate=0.0, spec_acceptance_rate=0.0,
+            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps, notes=[note])
 
     def close(self) -> None:
         if self.manager is not None:

@@ -1,7 +1,8 @@
-"""Resolving a model (curated name, local folder or hub id) and loading what the engine needs from it.
+"""Resolving a model (curated name, local folder or hub id) and reading its config and tokenizer.
 
-`transformers` is the loader of configs and tokenizers; the weights go straight from safetensors
-into the native model (fusing Q/K/V and gate/up on the way). Remote code is never trusted.
+`transformers` is the loader of configs and tokenizers (the weights are read by
+`engine/model/weights.py` or by the transformers backend, from safetensors only). Remote code is
+never trusted.
 """
 
 from __future__ import annotations
@@ -11,9 +12,6 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from safetensors import safe_open
 
 from engine.config import MODELS_FILE, PRESETS_DIR
 from engine.errors import ModelLoadError
@@ -117,74 +115,11 @@ def eos_token_ids(path: Path, hf_config, tokenizer) -> frozenset[int]:
 
     generation_config = path / "generation_config.json"
     if generation_config.is_file():
-        add(json.loads(generation_config.read_text()).get("eos_token_id"))
+        try:
+            add(json.loads(generation_config.read_text()).get("eos_token_id"))
+        except (ValueError, AttributeError) as error:
+            raise ModelLoadError(f"generation_config.json in {path.name} is not a JSON object: {error}") from error
     add(getattr(hf_config, "eos_token_id", None))
     if tokenizer is not None:
         add(tokenizer.eos_token_id)
     return frozenset(ids)
-
-
-def safetensors_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / shard for shard in shards]
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"no safetensors weights in {path} (only safetensors checkpoints are loaded)")
-    return files
-
-
-def _native_name(name: str) -> tuple[str, str | None]:
-    """Map an HF weight name to (native parameter name, fused part or None)."""
-    name = name.removeprefix("model.")
-    for part in ("q", "k", "v"):
-        if f".self_attn.{part}_proj." in name:
-            return name.replace(f".self_attn.{part}_proj.", ".qkv_proj."), part
-    for part in ("gate", "up"):
-        if f".mlp.{part}_proj." in name:
-            return name.replace(f".mlp.{part}_proj.", ".gate_up_proj."), part
-    name = name.replace(".self_attn.o_proj.", ".o_proj.").replace(".mlp.down_proj.", ".down_proj.")
-    return name.replace(".self_attn.q_norm.", ".q_norm.").replace(".self_attn.k_norm.", ".k_norm."), None
-
-
-def load_native_weights(model: torch.nn.Module, path: Path) -> None:
-    """Copy a safetensors checkpoint into the native model, fusing Q/K/V and gate/up."""
-    spec = model.spec
-    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    offsets = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size),
-               "gate": (0, spec.intermediate_size), "up": (spec.intermediate_size, spec.intermediate_size)}
-    params = dict(model.named_parameters(remove_duplicate=False))
-    loaded: set[str] = set()
-    for file in safetensors_files(path):
-        with safe_open(str(file), framework="pt") as checkpoint:
-            for hf_name in checkpoint.keys():
-                name, part = _native_name(hf_name)
-                if name not in params:
-                    if "rotary_emb" in name:
-                        continue
-                    raise ModelLoadError(f"unexpected weight {hf_name!r} in {file.name}")
-                tensor = checkpoint.get_tensor(hf_name)
-                target = params[name].data
-                if part is not None:
-                    start, length = offsets[part]
-                    target = target.narrow(0, start, length)
-                if target.shape != tensor.shape:
-                    raise ModelLoadError(f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
-                                         f"expected {tuple(target.shape)}")
-                target.copy_(tensor)
-                loaded.add(name if part is None else f"{name}:{part}")
-    expected = set()
-    for name, _ in model.named_parameters():
-        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-            expected.update(f"{name}:{part}" for part in "qkv")
-        elif name.endswith("gate_up_proj.weight"):
-            expected.update(f"{name}:{part}" for part in ("gate", "up"))
-        else:
-            expected.add(name)
-    if spec.tie_word_embeddings:
-        expected.discard("lm_head.weight")
-        loaded.discard("lm_head.weight")
-    missing = sorted(expected - loaded)
-    if missing:
-        raise ModelLoadError(f"checkpoint in {path} lacks {len(missing)} weight(s), e.g. {missing[:3]}")

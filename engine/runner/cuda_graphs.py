@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.model.attention import AttentionMetadata
 
 
 def batch_buckets(max_batch: int) -> list[int]:

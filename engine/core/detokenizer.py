@@ -4,8 +4,9 @@ Decoding the whole output after every token is quadratic and makes deltas jump w
 multi-byte character spans tokens. Instead each step decodes only a short window (the idea of
 vLLM's `detokenize_incrementally`): the text of `ids[prefix:]` minus the text of
 `ids[prefix:read]`, and holds the delta back while it ends in an incomplete character.
-Text that could still turn out to be the start of a stop string is held back too, so the
-concatenated stream always equals the final text.
+Text that could still turn out to be the start of a stop string (a suffix that is a prefix of
+one) is held back too, and nothing else, so the concatenated stream always equals the final text
+and a long stop string does not delay text that cannot begin it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(context)
         self.stop = stop
-        self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.longest_stop = max((len(s) for s in stop), default=0)
         self.text = ""
         self.emitted = 0
 
@@ -38,11 +39,21 @@ class IncrementalDetokenizer:
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
 
+    def _stop_prefix_length(self) -> int:
+        """Length of the longest suffix of the text that some stop string starts with."""
+        longest = 0
+        for stop in self.stop:
+            for length in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:length]):
+                    longest = length
+                    break
+        return longest
+
     def add(self, new_ids: list[int], final: bool = False) -> tuple[str, bool]:
         """Append tokens; return (text delta safe to show, whether a stop string was hit)."""
         if self.tokenizer is None:
             return "", False
-        searched_from = max(0, len(self.text) - self.holdback)
+        searched_from = max(0, len(self.text) - self.longest_stop + 1)
         self.ids.extend(new_ids)
         self._advance(final)
         stopped = False
@@ -52,7 +63,8 @@ class IncrementalDetokenizer:
                 self.text = self.text[:index]
                 stopped = True
                 searched_from = min(searched_from, index)
-        visible = len(self.text) if (final or stopped) else max(self.emitted, len(self.text) - self.holdback)
+        held = 0 if (final or stopped) else self._stop_prefix_length()
+        visible = max(self.emitted, len(self.text) - held)
         delta = self.text[self.emitted:visible]
         self.emitted = visible
         return delta, stopped

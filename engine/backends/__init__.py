@@ -1,0 +1,1 @@
+"""Backends the engine loop drives: the native engine and the `transformers` baseline, one contract."""

@@ -1,0 +1,127 @@
+"""The backend contract and what every backend shares: defaults, dtype and KV budget rules, records.
+
+`Engine` owns requests, threads and history; a backend only turns queued requests into tokens.
+Both backends (native, transformers) implement `Backend`, so the engine loop, streaming,
+cancellation, metrics and the charts behave the same on either and the engine never reaches
+into a backend's internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import psutil
+import torch
+
+from engine.config import EngineConfig
+from engine.core.request import Request
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_MODEL_LEN = 4096
+CPU_KV_FRACTION_OF_AVAILABLE = 0.25
+GPU_KV_FRACTION_OF_FREE = 0.85
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step did, as the live charts and the bench read it (every backend records these)."""
+
+    time: float
+    duration: float
+    batch_size: int
+    num_tokens: int
+    num_decode_tokens: int
+    num_running: int
+    kv_blocks_used: int
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a loaded backend resolved (`auto` choices made concrete) and counts about its model."""
+
+    backend: str
+    attention: str
+    dtype: str
+    device: str
+    num_params: int
+    vocab_size: int
+    max_model_len: int
+    cuda_graphs: bool = False
+    notices: tuple[str, ...] = ()
+
+
+@dataclass
+class BackendStats:
+    """Engine-level figures (DESIGN.md: `engine.stats()`), as one backend measures them."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    kv_cache_used_bytes: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_block_size: int
+    num_running: int
+    num_waiting: int
+    peak_running: int
+    num_preemptions: int
+    prefix_cache_hit_rate: float
+    spec_acceptance_rate: float
+    peak_memory_bytes: int
+    steps: int
+    notes: list[str] = field(default_factory=list)
+
+
+class Backend(Protocol):
+    """Turns the requests the engine hands it into tokens, one `step` at a time, on the engine's loop thread."""
+
+    info: BackendInfo
+
+    def add(self, request: Request) -> None:
+        """Queue a validated request (its prompt fits `info.max_model_len`)."""
+
+    def abort(self, request: Request) -> None:
+        """Take a request out wherever it is (cancelled, failed or finished) and free what it holds."""
+
+    def has_work(self) -> bool:
+        """Whether any request is queued or running."""
+
+    def requests(self) -> list[Request]:
+        """Every request the backend holds, running or queued."""
+
+    def step(self, record: Callable[[StepRecord], None]) -> None:
+        """Advance the running requests. Each model step that runs (the baseline's `generate` runs
+        many in one call) is passed to `record` before its tokens reach their requests, so a caller
+        who has its output can already see the step. Requests that finish are taken out."""
+
+    def stats(self) -> BackendStats:
+        """Current figures."""
+
+    def close(self) -> None:
+        """Free the model, the KV cache and any thread or process; the backend is unusable after."""
+
+
+def resolve_dtype(config: EngineConfig, hf_config, device: str) -> torch.dtype:
+    """`auto`: float32 on a CPU (fast and exact there); the checkpoint's half type on a GPU."""
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    if device == "cpu":
+        return torch.float32
+    stored = getattr(hf_config, "dtype", None)
+    stored = DTYPES.get(stored, stored) if isinstance(stored, str) else stored
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def kv_budget_bytes(config: EngineConfig, one_sequence_bytes: int, device: str) -> int:
+    """Bytes for the KV pool: `kv_cache_bytes` when set, else room for `max_num_seqs` full-length
+    sequences capped by a share of the free memory (never less than one sequence)."""
+    if config.kv_cache_bytes is not None:
+        return config.kv_cache_bytes
+    wanted = config.max_num_seqs * one_sequence_bytes
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        budget = min(wanted, int(free * GPU_KV_FRACTION_OF_FREE))
+    else:
+        budget = min(wanted, int(psutil.virtual_memory().available * CPU_KV_FRACTION_OF_AVAILABLE))
+    return max(budget, one_sequence_bytes)

@@ -1,0 +1,216 @@
+"""The native backend: our model, KV pool, block manager, scheduler, runner and sampler.
+
+Building it resolves everything the model's own config decides (context length, dtype, the
+KV pool's size in blocks) and refuses impossible settings with one clear message before any
+large allocation. A step is: schedule -> plan (plain data) -> execute (logits) -> sample ->
+hand tokens to their requests -> commit computed blocks. A request whose own processing fails
+(unusable logits, a detokenizer error) fails alone; the rest of its step carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.backends.base import (
+    DEFAULT_MAX_MODEL_LEN,
+    BackendInfo,
+    BackendStats,
+    StepRecord,
+    kv_budget_bytes,
+    resolve_dtype,
+)
+from engine.config import EngineConfig, flash_attn_available
+from engine.core.block_manager import BlockManager
+from engine.core.metrics import peak_memory_bytes, tensor_bytes
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledRequest, Scheduler
+from engine.errors import ConfigError
+from engine.model.attention import make_attention
+from engine.model.linear import BuildContext
+from engine.model.llama import LlamaForCausalLM
+from engine.model.rotary import rope_cos_sin
+from engine.model.sampler import SamplingTensors, sample
+from engine.model.spec import ModelSpec
+from engine.model.weights import load_weights
+from engine.runner.cuda_graphs import DecodeGraphs
+from engine.runner.kv_cache import KVCache, bytes_per_block
+from engine.runner.model_runner import ModelRunner
+from engine.runner.step_plan import plan_step
+
+FLASH_BLOCK_MULTIPLE = 256
+
+log = logging.getLogger(__name__)
+
+
+def resolve_max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
+    limit = spec.max_position_embeddings
+    if spec.sliding_window:
+        limit = min(limit, spec.sliding_window)
+    if config.max_model_len is None:
+        return min(limit, DEFAULT_MAX_MODEL_LEN)
+    if config.max_model_len > limit:
+        raise ConfigError(f"max_model_len={config.max_model_len} exceeds what this model supports ({limit} "
+                          "positions, sliding window included)")
+    return config.max_model_len
+
+
+def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype) -> str:
+    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256), else sdpa."""
+    if config.attention == "auto":
+        use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
+                     and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
+        return "flash-attn" if use_flash else "sdpa"
+    if config.attention == "flash-attn":
+        if dtype == torch.float32:
+            raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
+        if config.block_size % FLASH_BLOCK_MULTIPLE or config.kv_layout != "paged":
+            raise ConfigError(f"flash-attn's paged kernels need kv_layout='paged' and block_size a multiple of "
+                              f"{FLASH_BLOCK_MULTIPLE}, got {config.kv_layout} / {config.block_size}")
+    return config.attention
+
+
+def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, max_model_len: int,
+                      dtype: torch.dtype, device: str) -> int:
+    """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset."""
+    block_bytes = bytes_per_block(spec, block_size, dtype)
+    one_sequence = -(-max_model_len // block_size) * block_bytes
+    budget = kv_budget_bytes(config, one_sequence, device)
+    if budget < one_sequence:
+        raise ConfigError(f"kv_cache_bytes={budget} cannot hold one sequence of max_model_len={max_model_len} "
+                          f"tokens (needs {one_sequence} bytes); raise it or lower max_model_len")
+    return budget // block_bytes
+
+
+def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
+                       max_model_len: int) -> LlamaForCausalLM:
+    """The native model with its checkpoint loaded, in eval mode."""
+    cos, sin = rope_cos_sin(hf_config, max_model_len)
+    model = LlamaForCausalLM(spec, attention, build, cos, sin)
+    load_weights(model, path)
+    return model.eval()
+
+
+class NativeBackend:
+    """Steps the native engine: schedule, run the model, sample, hand tokens to their requests."""
+
+    def __init__(self, config: EngineConfig, path: Path, hf_config):
+        self.device = config.resolved_device
+        self.spec = ModelSpec.from_hf_config(hf_config)
+        self.dtype = resolve_dtype(config, hf_config, self.device)
+        self.max_model_len = resolve_max_model_len(config, self.spec)
+        attention_name = resolve_attention(config, self.device, self.dtype)
+        self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
+        num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
+                                       self.device)
+        torch.manual_seed(config.seed)
+        attention = make_attention(attention_name, self.spec.head_dim, self.block_size)
+        self.model = build_native_model(self.spec, hf_config, path, BuildContext(self.dtype, self.device),
+                                        attention, self.max_model_len)
+        use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
+        self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device,
+                                head_major=attention_name != "flash-attn")
+        self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
+                                   config.max_num_batched_tokens)
+        decode_graphs = None
+        if use_graphs:
+            decode_graphs = DecodeGraphs(self.model, self.kv_cache.layers, config.max_num_seqs,
+                                         -(-self.max_model_len // self.block_size), num_blocks, self.block_size,
+                                         self.device)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.device, attention_name, decode_graphs)
+        self.weights_bytes = tensor_bytes(self.model)
+        self.info = BackendInfo(
+            backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
+            device=self.device, num_params=sum(p.numel() for p in self.model.parameters()),
+            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+        self.steps = 0
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add(request)
+
+    def abort(self, request: Request) -> None:
+        self.scheduler.remove(request)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def requests(self) -> list[Request]:
+        return list(self.scheduler.running) + list(self.scheduler.waiting)
+
+    def step(self, record: Callable[[StepRecord], None]) -> None:
+        """One engine step. A model failure fails the step's requests; the others keep going."""
+        started = time.perf_counter()
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return
+        plan = plan_step(scheduled)
+        try:
+            logits = self.runner.execute(plan)
+            tokens, valid = self._sample(scheduled, logits)
+        except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
+            log.error("model step failed:\n%s", traceback.format_exc())
+            for item in scheduled:
+                self.scheduler.remove(item.request)
+                item.request.finish("error", f"{type(error).__name__}: {error}")
+            return
+        now = time.perf_counter()
+        completing = [item for item in scheduled if item.num_logits]
+        record(StepRecord(time=now, duration=now - started, batch_size=len(scheduled), num_tokens=plan.num_tokens,
+                          num_decode_tokens=len(completing), num_running=len(self.scheduler.running),
+                          kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks))
+        for item, token, usable in zip(completing, tokens, valid, strict=True):
+            self._deliver(item.request, token, usable, now)
+        # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
+        self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
+        for item in scheduled:
+            if item.request.finished:
+                self.scheduler.remove(item.request)
+        self.steps += 1
+
+    def _sample(self, scheduled: list[ScheduledRequest], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
+        """One token per completing request (the sampler works on the whole batch at once)."""
+        rows = [item.request for item in scheduled if item.num_logits]
+        if not rows:
+            return [], []
+        settings = SamplingTensors.build(
+            [r.params.temperature for r in rows], [r.params.top_k for r in rows], [r.params.top_p for r in rows],
+            [r.seed for r in rows], [len(r.output_token_ids) for r in rows], logits.device)
+        sampled = sample(logits, settings)
+        return sampled.tokens.tolist(), sampled.valid.tolist()
+
+    @staticmethod
+    def _deliver(request: Request, token: int, usable: bool, now: float) -> None:
+        """Give a request its token; a failure here ends this request only."""
+        if not usable:
+            request.finish("error", "the model produced unusable scores (NaN or infinite logits) for this request")
+            return
+        try:
+            request.append_tokens([token], now)
+        except Exception as error:
+            log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
+            request.finish("error", f"{type(error).__name__}: {error}")
+
+    def stats(self) -> BackendStats:
+        manager = self.block_manager
+        used_blocks = manager.num_blocks - manager.num_free_blocks
+        return BackendStats(
+            weights_bytes=self.weights_bytes, kv_cache_bytes=self.kv_cache.nbytes,
+            kv_cache_used_bytes=used_blocks * self.kv_cache.block_bytes, kv_blocks_total=manager.num_blocks,
+            kv_blocks_free=manager.num_free_blocks, kv_block_size=self.block_size,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            peak_running=self.scheduler.peak_running, num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_hit_rate=self.scheduler.prefix_cache_hit_rate, spec_acceptance_rate=0.0,
+            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps)
+
+    def close(self) -> None:
+        self.runner.close()
+        self.model = None
+        self.kv_cache = None
+        if self.device == "cuda":
+            torch.cuda.empty_cache()

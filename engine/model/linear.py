@@ -1,0 +1,277 @@
+"""Linear layers that own their weight loading, split for tensor parallelism, computed by a method.
+
+Checkpoints store Q, K and V (and gate and up) as separate tensors; the model fuses each group
+into one projection, so a step runs one large matmul instead of three. Each layer's
+`weight_loader` knows where a checkpoint tensor goes (its "shard id": "q"/"k"/"v", or the index
+of a merged part) and, with tensor parallelism, which slice of it this rank keeps: column-parallel
+layers split their outputs, row-parallel layers their inputs (followed by an all-reduce). The
+checkpoint walker (`weights.py`) only maps names and calls loaders.
+
+How a layer stores and multiplies its weight is its `LinearMethod`: a plain matmul here; a
+quantization library's packed weight in `engine/quant/`. A method may keep the loaded weight
+off the accelerator until `process_weights_after_loading`, so full-precision weights never have
+to fit on the GPU before they are quantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model.parallel import SINGLE_PROCESS, ParallelContext
+
+
+class LinearMethod(Protocol):
+    """Creates, finishes and applies one linear layer's weight."""
+
+    def create_weights(self, layer: LinearBase, input_size: int, output_size: int) -> None:
+        """Register `layer.weight` (with `weight_loader` set by the layer afterwards)."""
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        """Turn the loaded weight into what `apply` computes with (pack, quantize, move)."""
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight.T (+ bias)."""
+
+
+class UnquantizedLinearMethod:
+    """The weight in the model's dtype on the model's device; `F.linear`."""
+
+    def create_weights(self, layer: LinearBase, input_size: int, output_size: int) -> None:
+        layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=layer.build.dtype,
+                                                device=layer.build.device), requires_grad=False)
+
+    def process_weights_after_loading(self, layer: LinearBase) -> None:
+        return None
+
+    def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Where and how a model's layers are built: dtype, device, shard, and each linear layer's method.
+
+    `linear_method` picks the method for a layer from its qualified name (e.g.
+    "model.layers.0.mlp.down_proj"), so a quantization level can leave some layers unquantized.
+    """
+
+    dtype: torch.dtype
+    device: torch.device | str
+    parallel: ParallelContext = SINGLE_PROCESS
+    linear_method: Callable[[str], LinearMethod] = field(default=lambda prefix: UnquantizedLinearMethod())
+
+
+def _check_shape(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"shape {tuple(loaded.shape)} does not fit the layer's {tuple(param.shape)}")
+
+
+class LinearBase(nn.Module):
+    """A linear layer of local (per-rank) size `input_size` -> `output_size` and its loader."""
+
+    shard_ids: tuple = (None,)
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str,
+                 bias_size: int | None = None):
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.build = build
+        self.parallel = build.parallel
+        self.prefix = prefix
+        self.method = build.linear_method(prefix)
+        self.method.create_weights(self, input_size, output_size)
+        self._attach_loader(self.weight)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(bias_size or output_size, dtype=build.dtype, device=build.device),
+                                     requires_grad=False)
+            self._attach_loader(self.bias)
+        else:
+            self.register_parameter("bias", None)
+
+    def _attach_loader(self, param: torch.Tensor) -> None:
+        param.weight_loader = self.weight_loader
+        param.shard_ids = self.shard_ids
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        _check_shape(param, loaded)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    """The whole layer on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
+        super().__init__(input_size, output_size, bias, build, prefix)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Outputs split over ranks: rank r computes output rows [r * n / N, (r + 1) * n / N)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
+        _, local = build.parallel.split(output_size, f"{prefix} outputs")
+        super().__init__(input_size, local, bias, build, prefix)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        start, length = self.parallel.split(loaded.shape[0], f"{self.prefix} outputs")
+        loaded = loaded.narrow(0, start, length)
+        _check_shape(param, loaded)
+        param.data.copy_(loaded)
+
+
+class MergedColumnParallelLinear(LinearBase):
+    """Several column-parallel layers with one input stored as one (gate and up: one matmul).
+
+    Checkpoint tensor `shard_id` (an index into `output_sizes`) fills its own rows, each split
+    over ranks the same way, so rank r holds [gate_r; up_r].
+    """
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, build: BuildContext, prefix: str):
+        self.local_sizes = [build.parallel.split(size, f"{prefix} part {i}")[1] for i, size in enumerate(output_sizes)]
+        self.shard_ids = tuple(range(len(output_sizes)))
+        super().__init__(input_size, sum(self.local_sizes), bias, build, prefix)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        if shard_id not in self.shard_ids:
+            raise ValueError(f"{self.prefix} has parts {self.shard_ids}, not {shard_id!r}")
+        length = self.local_sizes[shard_id]
+        offset = sum(self.local_sizes[:shard_id])
+        loaded = loaded.narrow(0, self.parallel.rank * length, length)
+        target = param.data.narrow(0, offset, length)
+        _check_shape(target, loaded)
+        target.copy_(loaded)
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """How attention heads are spread over tensor-parallel ranks.
+
+    Query heads split evenly. KV heads split evenly when there are at least as many as ranks;
+    with fewer (MQA, or GQA with many ranks) each rank keeps a copy of the one KV head its query
+    heads use, as vLLM does.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    parallel: ParallelContext
+
+    def __post_init__(self):
+        size = self.parallel.size
+        if self.num_heads % size:
+            raise ValueError(f"{self.num_heads} attention heads do not divide over {size} tensor-parallel ranks")
+        if self.num_kv_heads >= size and self.num_kv_heads % size:
+            raise ValueError(f"{self.num_kv_heads} KV heads do not divide over {size} tensor-parallel ranks")
+        if self.num_kv_heads < size and size % self.num_kv_heads:
+            raise ValueError(f"{size} tensor-parallel ranks cannot share {self.num_kv_heads} KV heads evenly")
+
+    @property
+    def local_heads(self) -> int:
+        return self.num_heads // self.parallel.size
+
+    @property
+    def local_kv_heads(self) -> int:
+        return max(1, self.num_kv_heads // self.parallel.size)
+
+    @property
+    def first_kv_head(self) -> int:
+        """The first checkpoint KV head this rank holds."""
+        if self.num_kv_heads >= self.parallel.size:
+            return self.parallel.rank * self.local_kv_heads
+        return self.parallel.rank * self.num_kv_heads // self.parallel.size
+
+
+class QKVParallelLinear(LinearBase):
+    """Q, K and V projections fused into one column-parallel layer: [q_r; k_r; v_r] on rank r."""
+
+    shard_ids = ("q", "k", "v")
+
+    def __init__(self, hidden_size: int, heads: HeadLayout, bias: bool, build: BuildContext, prefix: str):
+        self.heads = heads
+        self.q_size = heads.local_heads * heads.head_dim
+        self.kv_size = heads.local_kv_heads * heads.head_dim
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias, build, prefix)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        heads, dim = self.heads, self.heads.head_dim
+        if shard_id == "q":
+            offset, length, source = 0, self.q_size, self.parallel.rank * self.q_size
+        elif shard_id in ("k", "v"):
+            offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
+            length, source = self.kv_size, heads.first_kv_head * dim
+        else:
+            raise ValueError(f"{self.prefix} has parts q, k, v, not {shard_id!r}")
+        loaded = loaded.narrow(0, source, length)
+        target = param.data.narrow(0, offset, length)
+        _check_shape(target, loaded)
+        target.copy_(loaded)
+
+
+class RowParallelLinear(LinearBase):
+    """Inputs split over ranks; each rank's partial product is summed by an all-reduce.
+
+    The bias is added once (by rank 0) so the sum counts it once.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
+        _, local = build.parallel.split(input_size, f"{prefix} inputs")
+        super().__init__(local, output_size, bias, build, prefix, bias_size=output_size)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        if loaded.dim() == 2:
+            start, length = self.parallel.split(loaded.shape[1], f"{self.prefix} inputs")
+            loaded = loaded.narrow(1, start, length)
+        _check_shape(param, loaded)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias if self.parallel.rank == 0 else None
+        return self.parallel.all_reduce(self.method.apply(self, x, bias))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split over ranks (padded to an even split); lookups summed by an all-reduce."""
+
+    shard_ids = (None,)
+
+    def __init__(self, vocab_size: int, hidden_size: int, build: BuildContext):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.parallel = build.parallel
+        self.rows = -(-vocab_size // build.parallel.size)
+        self.first_row = build.parallel.rank * self.rows
+        self.weight = nn.Parameter(torch.zeros(self.rows, hidden_size, dtype=build.dtype, device=build.device),
+                                   requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.weight.shard_ids = self.shard_ids
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
+            raise ValueError(f"shape {tuple(loaded.shape)} does not fit ({self.vocab_size}, {param.shape[1]})")
+        rows = loaded[self.first_row:self.first_row + self.rows]
+        param.data[:rows.shape[0]].copy_(rows)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.parallel.size == 1:
+            return F.embedding(token_ids, self.weight)
+        local = token_ids - self.first_row
+        inside = (local >= 0) & (local < self.rows)
+        hidden = F.embedding(local.clamp(0, self.rows - 1), self.weight) * inside.unsqueeze(-1)
+        return self.parallel.all_reduce(hidden)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Logits for this rank's vocabulary rows, gathered into the full vocabulary on every rank."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.parallel.all_gather_last_dim(F.linear(hidden, self.weight))
+        return logits[..., :self.vocab_size].float()

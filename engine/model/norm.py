@@ -1,0 +1,30 @@
+"""RMSNorm, computed as transformers computes it, so float32 outputs match token for token."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Normalise in float32, then scale in the model dtype."""
+
+    shard_ids = (None,)
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.weight.shard_ids = self.shard_ids
+        self.eps = eps
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        if param.shape != loaded.shape:
+            raise ValueError(f"shape {tuple(loaded.shape)} does not fit the norm's {tuple(param.shape)}")
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)

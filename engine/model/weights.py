@@ -1,0 +1,78 @@
+"""The checkpoint walker: read safetensors and hand each tensor to the loader of the layer it belongs to.
+
+The model declares how checkpoint names map onto its fused layers (`packed_modules_mapping`);
+each parameter carries its layer's `weight_loader` and the parts (`shard_ids`) it expects, so
+the walker knows nothing of fusing, sharding or quantization. Only safetensors are read (no
+pickles), and shard files named by an index must lie inside the model folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.errors import ModelLoadError
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's weight files: the shards its index names, or every *.safetensors file."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ModelLoadError(f"{INDEX_FILE} is not a valid safetensors index: {error}") from error
+        root = path.resolve()
+        files = []
+        for shard in shards:
+            file = (path / str(shard)).resolve()
+            if not file.is_relative_to(root) or file.suffix != ".safetensors":
+                raise ModelLoadError(f"{INDEX_FILE} names {shard!r}, which is not a safetensors file in the model "
+                                     "folder")
+            files.append(file)
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"no safetensors weights in {path.name} (only safetensors checkpoints are loaded)")
+    return files
+
+
+def checkpoint_target(model: torch.nn.Module, name: str) -> tuple[str, object]:
+    """(parameter name in `model`, part id or None) for a checkpoint tensor name."""
+    for checkpoint_part, (fused, shard_id) in model.packed_modules_mapping.items():
+        if f".{checkpoint_part}." in name:
+            return name.replace(f".{checkpoint_part}.", f".{fused}."), shard_id
+    return name, None
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Fill every parameter of `model` from the checkpoint in `path`, then let layers finish their weights."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: set[tuple[str, object]] = set()
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt") as checkpoint:
+            for checkpoint_name in checkpoint.keys():
+                if any(part in checkpoint_name for part in model.ignored_checkpoint_tensors):
+                    continue
+                name, shard_id = checkpoint_target(model, checkpoint_name)
+                param = params.get(name)
+                if param is None:
+                    raise ModelLoadError(f"unexpected weight {checkpoint_name!r} in {file.name}")
+                try:
+                    param.weight_loader(param, checkpoint.get_tensor(checkpoint_name), shard_id)
+                except ValueError as error:
+                    raise ModelLoadError(f"weight {checkpoint_name!r}: {error}") from error
+                loaded.add((name, shard_id))
+    expected = {(name, shard) for name, param in model.named_parameters() for shard in param.shard_ids}
+    missing = sorted(f"{name}:{shard}" if shard is not None else name for name, shard in expected - loaded)
+    if missing:
+        raise ModelLoadError(f"checkpoint in {path.name} lacks {len(missing)} weight(s), e.g. {missing[:3]}")
+    for module in model.modules():
+        method = getattr(module, "method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)

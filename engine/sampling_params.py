@@ -1,0 +1,84 @@
+"""`SamplingParams`: how one request picks its tokens and when it stops, validated strictly.
+
+Every value a caller can send is checked here, before the request reaches the engine loop: a
+NaN or infinite temperature, a seed wider than 64 bits or thousands of stop strings must be one
+clear `RequestError` for that caller, never a failure inside a step shared with other users.
+Temperatures too small to sample with in float32 mean greedy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from engine.errors import RequestError
+
+GREEDY_BELOW_TEMPERATURE = 1e-5
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its tokens (greedy when temperature is 0) and when it stops."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        elif self.stop is None:
+            object.__setattr__(self, "stop", ())
+
+    def validate(self) -> SamplingParams:
+        """These parameters, checked (one RequestError naming the first bad value) and normalised."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not _is_real(self.temperature) or self.temperature < 0:
+            raise RequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not -(2**63) <= self.seed < 2**64):
+            raise RequestError(f"seed must be a 64-bit integer or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        self._validate_stop()
+        if 0 < self.temperature < GREEDY_BELOW_TEMPERATURE:
+            return dataclasses.replace(self, temperature=0.0)
+        return self
+
+    def _validate_stop(self) -> None:
+        if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):
+            raise RequestError(f"stop must be a list of non-empty strings, got {self.stop!r}"[:300])
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise RequestError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for stop in self.stop:
+            if len(stop) > MAX_STOP_CHARS:
+                raise RequestError(f"a stop string may have at most {MAX_STOP_CHARS} characters, got {len(stop)}")
+            try:
+                stop.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestError("a stop string is not valid Unicode text (it contains a lone surrogate)") from None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
