@@ -26,7 +26,7 @@ CHOICES: dict[str, list[str]] = {
     "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "quantization": ["none", "int8", "nf4", "fp4"],
-    "attention": ["auto", "sdpa", "eager", "flash-attn"],
+    "attention": ["auto", "cpu-paged", "sdpa", "eager", "flash-attn"],
     "kv_layout": ["paged", "contiguous"],
     "batching": ["continuous", "static"],
     "speculative": ["off", "draft", "ngram"],
@@ -59,6 +59,13 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
     device = resolve_device(device)
     if field_name == "device" and value == "cuda" and not cuda_available():
         return "no CUDA device on this machine"
+    if field_name == "attention" and value == "cpu-paged":
+        if device != "cpu":
+            return "the cpu-paged attention kernel runs on the CPU"
+        from engine.model import cpu_kernels
+
+        if not cpu_kernels.is_built():
+            return cpu_kernels.NOT_BUILT
     if field_name == "attention" and value == "flash-attn":
         if device != "cuda":
             return "flash-attn needs a CUDA device"
@@ -152,7 +159,7 @@ class EngineConfig:
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
-        if self.backend == "hf" and self.attention == "flash-attn":
+        if self.backend == "hf" and self.attention in ("flash-attn", "cpu-paged"):
             raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
         return self
 

@@ -31,6 +31,7 @@ from engine.core.metrics import peak_memory_bytes, tensor_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.errors import ConfigError
+from engine.model import cpu_kernels
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
 from engine.model.llama import LlamaForCausalLM
@@ -61,11 +62,17 @@ def resolve_max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
 
 
 def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype) -> str:
-    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256), else sdpa."""
+    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256); on a CPU in float32 the
+    engine's paged kernel when it is built; else sdpa."""
     if config.attention == "auto":
         use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
                      and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
-        return "flash-attn" if use_flash else "sdpa"
+        if use_flash:
+            return "flash-attn"
+        use_kernel = device == "cpu" and dtype == torch.float32 and cpu_kernels.unavailable_reason() is None
+        return "cpu-paged" if use_kernel else "sdpa"
+    if config.attention == "cpu-paged" and dtype != torch.float32:
+        raise ConfigError("the cpu-paged attention kernel computes in float32; set dtype='float32' or choose sdpa")
     if config.attention == "flash-attn":
         if dtype == torch.float32:
             raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
@@ -104,6 +111,9 @@ class NativeBackend:
         self.spec = ModelSpec.from_hf_config(hf_config)
         self.dtype = resolve_dtype(config, hf_config, self.device)
         self.max_model_len = resolve_max_model_len(config, self.spec)
+        # On a CPU the engine's C++ kernels are loaded before the model is built (they serve small-batch matmuls
+        # whatever the attention backend); without them every path is pure PyTorch, and the panel says why.
+        kernels_missing = cpu_kernels.unavailable_reason() if self.device == "cpu" else None
         attention_name = resolve_attention(config, self.device, self.dtype)
         self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
         num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
@@ -123,12 +133,14 @@ class NativeBackend:
             decode_graphs = DecodeGraphs(self.model, self.kv_cache.layers, config.max_num_seqs,
                                          -(-self.max_model_len // self.block_size), num_blocks, self.block_size,
                                          self.device)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device, attention_name, decode_graphs)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.device, attention, self.max_model_len,
+                                  decode_graphs)
         self.weights_bytes = tensor_bytes(self.model)
         self.info = BackendInfo(
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
             device=self.device, num_params=sum(p.numel() for p in self.model.parameters()),
-            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
+            notices=(f"pure-PyTorch CPU paths: {kernels_missing}",) if kernels_missing else ())
         self.steps = 0
 
     def add(self, request: Request) -> None:

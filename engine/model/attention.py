@@ -1,17 +1,21 @@
 """Attention backends over the KV cache.
 
 Caches hold one K and one V tensor per layer, indexed by slot = block_id * block_size + offset:
-head-major [num_kv_heads, num_slots, head_dim] for the torch backends, slot-major
-[num_slots, num_kv_heads, head_dim] for flash-attn (see kv_cache.py).
-A step's batch is flat (all sequences' new tokens concatenated), and `AttentionMetadata`, built
-once per step by the runner, says where each token's K/V goes and which slots each sequence
-reads. Sequences with one new token (decode) are attended together in one padded batch;
-sequences with several (prefill chunks) one at a time, so short decodes never pay for a long
-prompt's padding.
+head-major [num_kv_heads, num_slots, head_dim] for the CPU/torch backends, slot-major
+[num_slots, num_kv_heads, head_dim] for flash-attn (see runner/kv_cache.py). A step's batch is
+flat (all sequences' new tokens concatenated); the runner describes it once per step as a
+`StepBatch`, and each backend turns that into the `AttentionMetadata` its layers read.
 
-Backends: `sdpa` (torch's fused scaled_dot_product_attention, CPU and GPU), `eager` (plain
-matmul + softmax in float32: the readable reference), `flash-attn` (varlen and paged kernels of
-the flash_attn package, CUDA only).
+Backends:
+- `cpu-paged`: the engine's C++ kernel (model/cpu_kernels.py) reads each sequence's K/V blocks in
+  place through its block table, for decode tokens and for short chunks over a cached prefix
+  (speculative verification, chunked prefill tails); a prompt's first chunk attends to its own
+  fresh K/V with torch's SDPA, as do long chunks over a prefix (whose gather is then amortised).
+- `sdpa`, `eager`: pure PyTorch. Decode tokens are attended together after copying every cached
+  block of their sequences into one padded tensor (torch's fused SDPA, or matmul + softmax in
+  float32: the readable reference); chunks with several tokens one sequence at a time. The pool
+  is not zero-filled, so the padding copied with the blocks is zeroed before it is read.
+- `flash-attn`: the flash_attn package's varlen and paged kernels (CUDA only).
 """
 
 from __future__ import annotations
@@ -21,6 +25,33 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from engine.model import cpu_kernels
+
+# A chunk over a cached prefix with more query tokens than this gathers its prefix once and runs SDPA:
+# the kernel reads K/V once per query row, SDPA's matmuls amortise one copy over many rows.
+KERNEL_MAX_CHUNK_TOKENS = 32
+
+
+@dataclass
+class StepBatch:
+    """A step's flat batch as the runner prepared it: per-token and per-sequence tensors, plus host copies.
+
+    Sequence n's tokens are rows `query_start[n]` .. `query_start[n] + query_len[n] - 1`, at positions
+    `context_lens[n] - query_len[n]` .. `context_lens[n] - 1`, with K/V in blocks `block_tables[n]`.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    query_start: torch.Tensor
+    query_len: torch.Tensor
+    context_lens: torch.Tensor
+    query_lens: list[int]
+    starts: list[int]
+
+    @property
+    def decode_only(self) -> bool:
+        return max(self.query_lens) == 1
 
 
 @dataclass
@@ -36,16 +67,14 @@ class PrefillSpan:
 
 @dataclass
 class AttentionMetadata:
-    """Where this step's tokens write K/V and what each sequence attends to.
-
-    Reads go by whole blocks (`index_select` over [num_blocks, block_size, ...]): copying
-    block-sized runs is an order of magnitude faster than gathering slot by slot.
-    """
+    """What the layers of one step read: where K/V go (`slot_mapping`) and the backend's own view of the batch."""
 
     slot_mapping: torch.Tensor
+    batch: StepBatch | None = None
+    kernel_query_len: torch.Tensor | None = None
     decode_token_index: torch.Tensor | None = None
     decode_blocks: torch.Tensor | None = None
-    decode_mask: torch.Tensor | None = None
+    decode_valid: torch.Tensor | None = None
     prefills: list[PrefillSpan] = field(default_factory=list)
     flash: dict | None = None
 
@@ -75,41 +104,126 @@ def eager_kernel(q, k, v, mask, scale, causal):
     return torch.matmul(torch.softmax(scores, dim=-1), v).to(q.dtype)
 
 
-class PagedAttention:
-    """Writes the step's K/V into a head-major cache, then attends with a kernel (sdpa or eager)."""
+def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
+    """Store the step's K/V [tokens, kv_heads, dim] in their slots of a head-major cache."""
+    k_cache.index_copy_(1, slot_mapping, k.transpose(0, 1))
+    v_cache.index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+
+class SpanAttention:
+    """Chunks with several new tokens, one sequence at a time: over their own fresh K/V (a prompt's
+    first chunk), or over their blocks gathered into one contiguous copy (a chunk after a prefix)."""
 
     def __init__(self, kernel, head_dim: int, block_size: int):
         self.kernel = kernel
         self.scale = 1.0 / math.sqrt(head_dim)
         self.block_size = block_size
 
-    def _blocks(self, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    def blocks(self, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
         """[H, len(block_ids) * block_size, D]: the listed blocks of every head, in order."""
         heads, _, dim = cache.shape
         paged = cache.view(heads, -1, self.block_size, dim)
         return paged.index_select(1, block_ids).view(heads, -1, dim)
 
-    def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        k_cache.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        v_cache.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-        out = torch.empty_like(q)
-        if meta.decode_token_index is not None:
-            batch = meta.decode_token_index.shape[0]
-            q_dec = q.index_select(0, meta.decode_token_index).unsqueeze(2)           # [B, Hq, 1, D]
-            k_dec = self._blocks(k_cache, meta.decode_blocks).unflatten(1, (batch, -1)).transpose(0, 1)
-            v_dec = self._blocks(v_cache, meta.decode_blocks).unflatten(1, (batch, -1)).transpose(0, 1)
-            attended = self.kernel(q_dec, k_dec, v_dec, meta.decode_mask, self.scale, False)
-            out.index_copy_(0, meta.decode_token_index, attended.squeeze(2))
-        for span in meta.prefills:
+    def span(self, batch: StepBatch, row: int, token_start: int) -> PrefillSpan:
+        count, start = batch.query_lens[row], batch.starts[row]
+        kv_len = start + count
+        if start == 0:
+            return PrefillSpan(token_start, token_start + count, kv_len, None, None)
+        blocks = batch.block_tables[row, :-(-kv_len // self.block_size)].long()
+        return PrefillSpan(token_start, token_start + count, kv_len, blocks,
+                           causal_mask_with_offset(count, kv_len, batch.block_tables.device))
+
+    def attend_spans(self, q, k, v, k_cache, v_cache, spans: list[PrefillSpan], out) -> None:
+        for span in spans:
             q_span = q[span.token_start:span.token_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
             if span.kv_blocks is None:
                 k_span = k[span.token_start:span.token_end].transpose(0, 1)
                 v_span = v[span.token_start:span.token_end].transpose(0, 1)
             else:
-                k_span = self._blocks(k_cache, span.kv_blocks)[:, :span.kv_len]
-                v_span = self._blocks(v_cache, span.kv_blocks)[:, :span.kv_len]
+                k_span = self.blocks(k_cache, span.kv_blocks)[:, :span.kv_len]
+                v_span = self.blocks(v_cache, span.kv_blocks)[:, :span.kv_len]
             attended = self.kernel(q_span, k_span.unsqueeze(0), v_span.unsqueeze(0), span.mask, self.scale, True)
             out[span.token_start:span.token_end] = attended.squeeze(0).transpose(0, 1)
+
+
+def _token_starts(query_lens: list[int]) -> list[int]:
+    starts, total = [], 0
+    for length in query_lens:
+        starts.append(total)
+        total += length
+    return starts
+
+
+class CpuPagedAttention(SpanAttention):
+    """Decode tokens and short chunks over a prefix: the C++ kernel over the pool in place; the rest: SDPA spans."""
+
+    def __init__(self, head_dim: int, block_size: int):
+        reason = cpu_kernels.unavailable_reason()
+        if reason:
+            raise RuntimeError(f"attention='cpu-paged' cannot run: {reason}")
+        super().__init__(sdpa_kernel, head_dim, block_size)
+
+    def build_metadata(self, batch: StepBatch) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=batch.slot_mapping, batch=batch)
+        if batch.decode_only:
+            meta.kernel_query_len = batch.query_len
+            return meta
+        by_span = [length > 1 and (start == 0 or length > KERNEL_MAX_CHUNK_TOKENS)
+                   for length, start in zip(batch.query_lens, batch.starts, strict=True)]
+        token_starts = _token_starts(batch.query_lens)
+        meta.prefills = [self.span(batch, row, token_starts[row]) for row, spanned in enumerate(by_span) if spanned]
+        spanned = torch.tensor(by_span, device=batch.query_len.device)
+        meta.kernel_query_len = batch.query_len.masked_fill(spanned, 0)
+        return meta
+
+    def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        cpu_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        batch = meta.batch
+        cpu_kernels.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.query_start,
+                                    meta.kernel_query_len, batch.context_lens, self.block_size, self.scale, out)
+        self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
+        return out
+
+
+class GatherAttention(SpanAttention):
+    """Pure PyTorch: decode tokens attend together over their blocks copied into one padded tensor."""
+
+    def build_metadata(self, batch: StepBatch) -> AttentionMetadata:
+        meta = AttentionMetadata(slot_mapping=batch.slot_mapping)
+        token_starts = _token_starts(batch.query_lens)
+        decode_rows = [row for row, length in enumerate(batch.query_lens) if length == 1]
+        if decode_rows:
+            device = batch.query_len.device
+            rows = torch.tensor(decode_rows, device=device)
+            lens = batch.context_lens.index_select(0, rows)
+            width = -(-max(batch.starts[r] + 1 for r in decode_rows) // self.block_size)
+            meta.decode_blocks = batch.block_tables.index_select(0, rows)[:, :width].flatten().long()
+            kv_positions = torch.arange(width * self.block_size, device=device)
+            meta.decode_valid = kv_positions[None, :] < lens[:, None]
+            meta.decode_token_index = batch.query_start.index_select(0, rows)
+        meta.prefills = [self.span(batch, row, token_starts[row])
+                         for row, length in enumerate(batch.query_lens) if length > 1]
+        return meta
+
+    def _padded(self, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """[B, H, width, D] blocks of each decode sequence; slots past its length (never written, or
+        stale from an earlier owner of the block) are zeroed so that no garbage reaches the softmax."""
+        batch = meta.decode_valid.shape[0]
+        gathered = self.blocks(cache, meta.decode_blocks).unflatten(1, (batch, -1)).transpose(0, 1)
+        return gathered.masked_fill_(~meta.decode_valid[:, None, :, None], 0.0)
+
+    def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        if meta.decode_token_index is not None:
+            q_dec = q.index_select(0, meta.decode_token_index).unsqueeze(2)           # [B, Hq, 1, D]
+            mask = meta.decode_valid[:, None, None, :]
+            attended = self.kernel(q_dec, self._padded(k_cache, meta), self._padded(v_cache, meta), mask,
+                                   self.scale, False)
+            out.index_copy_(0, meta.decode_token_index, attended.squeeze(2))
+        self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
         return out
 
 
@@ -127,6 +241,18 @@ class FlashAttention:
         self.with_kvcache = flash_attn_with_kvcache
         self.scale = 1.0 / math.sqrt(head_dim)
         self.block_size = block_size
+
+    def build_metadata(self, batch: StepBatch) -> AttentionMetadata:
+        device = batch.query_len.device
+        cu_q = torch.zeros(len(batch.query_lens) + 1, dtype=torch.int32, device=device)
+        cu_k = torch.zeros_like(cu_q)
+        cu_q[1:] = torch.cumsum(batch.query_len, 0)
+        cu_k[1:] = torch.cumsum(batch.context_lens, 0)
+        return AttentionMetadata(slot_mapping=batch.slot_mapping, flash={
+            "decode_only": batch.decode_only, "block_table": batch.block_tables,
+            "seqlens_k": batch.context_lens.to(torch.int32), "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
+            "max_seqlen_q": max(batch.query_lens),
+            "max_seqlen_k": max(s + n for s, n in zip(batch.starts, batch.query_lens, strict=True))})
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         k_cache.index_copy_(0, meta.slot_mapping, k)
@@ -147,4 +273,6 @@ class FlashAttention:
 def make_attention(name: str, head_dim: int, block_size: int):
     if name == "flash-attn":
         return FlashAttention(head_dim, block_size)
-    return PagedAttention(eager_kernel if name == "eager" else sdpa_kernel, head_dim, block_size)
+    if name == "cpu-paged":
+        return CpuPagedAttention(head_dim, block_size)
+    return GatherAttention(eager_kernel if name == "eager" else sdpa_kernel, head_dim, block_size)

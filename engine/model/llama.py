@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model import cpu_kernels
 from engine.model.linear import (
     BuildContext,
     HeadLayout,
@@ -23,7 +24,7 @@ from engine.model.linear import (
     VocabParallelEmbedding,
 )
 from engine.model.norm import RMSNorm
-from engine.model.rotary import apply_rotary
+from engine.model.rotary import rotate_queries_and_keys
 from engine.model.spec import ModelSpec
 
 
@@ -52,7 +53,8 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        attended = self.attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, k_cache, v_cache, meta)
+        q, k = rotate_queries_and_keys(q, k, cos, sin)
+        attended = self.attention(q, k, v, k_cache, v_cache, meta)
         return self.o_proj(attended.reshape(tokens, -1))
 
 
@@ -67,7 +69,10 @@ class LlamaMLP(nn.Module):
                                            f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_kernels.usable(gate_up):
+            return self.down_proj(cpu_kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -80,8 +85,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(spec, build, f"{prefix}.mlp")
 
     def forward(self, hidden, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attended = self.self_attn(self.input_layernorm(hidden), cos, sin, k_cache, v_cache, meta)
+        normed, hidden = self.post_attention_layernorm.add_and_norm(attended, hidden)
+        return hidden + self.mlp(normed)
 
 
 class LlamaModel(nn.Module):

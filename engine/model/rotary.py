@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.model import cpu_kernels
+
 
 def rope_cos_sin(hf_config, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [max_positions, head_dim] for the checkpoint's RoPE variant (scaled ones too)."""
@@ -32,3 +34,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate [tokens, heads, head_dim] by each token's position (cos/sin [tokens, 1, head_dim])."""
     return x * cos + rotate_half(x) * sin
+
+
+def rotate_queries_and_keys(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated by their tokens' positions: in place by one kernel call on a CPU in float32
+    (q and k are then views of the fused QKV output, which nothing else reads), else in PyTorch."""
+    if cpu_kernels.usable(q):
+        cpu_kernels.rotary_(q, k, cos, sin)
+        return q, k
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -1,7 +1,9 @@
 """The KV pool: one preallocated K and V tensor per layer, carved into blocks of `block_size` slots.
 
 The pool is sized once from `kv_cache_bytes`; blocks are handed out by the BlockManager. It is
-zero-filled because padded attention reads masked slots, and 0 * NaN garbage would leak NaN.
+not zero-filled: no attention backend reads a slot before it was written (the paged kernels stop at
+each sequence's length; the padded PyTorch path zeroes what it copied past it), so the operating
+system commits the pool's pages only as blocks are first written, and memory follows the work.
 
 Two layouts of the same slots: slot-major [slots, kv_heads, head_dim] is what flash-attn's paged
 kernels read; head-major [kv_heads, slots, head_dim] lets the torch backends gather a sequence's
@@ -29,7 +31,7 @@ class KVCache:
         self.block_bytes = bytes_per_block(spec, block_size, dtype)
         slots = num_blocks * block_size
         per_layer = (spec.num_kv_heads, slots) if head_major else (slots, spec.num_kv_heads)
-        self.storage = torch.zeros((2, spec.num_layers, *per_layer, spec.head_dim), dtype=dtype, device=device)
+        self.storage = torch.empty((2, spec.num_layers, *per_layer, spec.head_dim), dtype=dtype, device=device)
         self.layers = [(self.storage[0, layer], self.storage[1, layer]) for layer in range(spec.num_layers)]
 
     @property

@@ -19,12 +19,16 @@ class SequenceChunk:
 
     `num_logits` of its last positions are scored: 0 for a chunk in the middle of a prompt, 1 for
     a sequence whose next token is sampled, 1 + k when k speculative tokens are verified.
+    `seq_id` names the sequence across steps, so that an executor can keep per-sequence state
+    (the runner keeps block tables as tensors and only adds the blocks that are new); None = no
+    such state (rebuilt for this step).
     """
 
     token_ids: list[int]
     start: int
     block_table: list[int]
     num_logits: int
+    seq_id: int | None = None
 
     @property
     def end(self) -> int:
@@ -58,5 +62,5 @@ def plan_step(scheduled: list[ScheduledRequest]) -> StepPlan:
         request = item.request
         start = request.num_computed_tokens
         tokens = request.all_token_ids[start:start + item.num_new_tokens] + list(item.speculative_token_ids)
-        chunks.append(SequenceChunk(tokens, start, list(item.block_table), item.num_logits))
+        chunks.append(SequenceChunk(tokens, start, list(item.block_table), item.num_logits, request.request_id))
     return StepPlan(chunks)
