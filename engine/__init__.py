@@ -20,10 +20,11 @@ from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
 from engine.hub import ModelEntry, list_models
+from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
 
-__all__ = ["CHOICES", "ConfigError", "Engine", "EngineConfig", "EngineError", "MemoryEstimate", "ModelEntry",
-           "ModelLoadError", "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams", "StepRecord",
-           "StreamDelta", "describe_device", "estimate_memory", "list_models", "list_presets", "load_preset",
-           "preset_description", "unavailable_reason"]
+__all__ = ["CHOICES", "ConfigError", "DecodeProfile", "Engine", "EngineConfig", "EngineError", "MemoryEstimate",
+           "ModelEntry", "ModelLoadError", "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams",
+           "StepRecord", "StreamDelta", "describe_device", "estimate_memory", "list_models", "list_presets",
+           "load_preset", "preset_description", "unavailable_reason"]

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -41,14 +42,14 @@ RANDOM_MODELS = {
                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
 }
 RANDOM_MODEL_SEED = 0
-RATIO_KEYS = ["output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
-              "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms", "peak_running",
-              "prefix_cache_hit_rate"]
-TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
-              "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
-              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
-              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes"]
+RATIO_KEYS = ["output_throughput", "output_throughput_per_cpu_second", "request_throughput", "total_token_throughput",
+              "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
+              "median_e2el_ms", "peak_running", "prefix_cache_hit_rate"]
+TABLE_KEYS = ["completed", "duration", "cpu_time", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "output_throughput", "output_throughput_per_cpu_second", "total_token_throughput", "mean_ttft_ms",
+              "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+              "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running",
+              "prefix_cache_hit_rate", "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes"]
 _SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
 _SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -162,8 +163,13 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
 
 
 def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
-               ignore_eos: bool, warmup: bool = True) -> dict:
-    """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config."""
+               ignore_eos: bool, warmup: bool = True, profile: bool = False) -> dict:
+    """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config.
+
+    `cpu_time` is the process's CPU time during the timed run (all threads): unlike the duration, other
+    processes on the machine do not inflate it. With `profile`, the run's decode steps are set against
+    their matmul floor (`Engine.decode_profile`), measured after the run in this process.
+    """
     from engine import Engine
 
     if torch.cuda.is_available():
@@ -174,7 +180,10 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         if warmup:
             send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
         requests = build_workload(spec, vocab)
+        started, cpu_started = time.perf_counter(), time.process_time()
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
+        cpu_time = time.process_time() - cpu_started
+        decode_profile = engine.decode_profile(since=started) if profile else None
         stats = engine.stats()
         info = dict(engine.info)
         resolved = engine.config.to_dict()
@@ -186,7 +195,12 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
     metrics = [o.metrics for o in outputs]
     result = summarize(metrics, duration)
     prompt_tokens = sum(m.prompt_tokens for m in metrics)
+    output_tokens = sum(m.output_tokens for m in metrics)
     result.update({
+        "cpu_time": cpu_time,
+        "output_throughput_per_cpu_second": output_tokens / cpu_time if cpu_time else None,
+        "decode_profile": asdict(decode_profile) if decode_profile else None,
+        "decode_profile_text": decode_profile.format() if decode_profile else None,
         "num_prompts": len(requests),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
@@ -294,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generate exactly the output length (default: on for random prompts)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each native run, print its decode steps against their matmul floor (step time, "
+                             "floor, ratio, shares of attention, KV writes/gathers, LM head, sampling, scheduling, "
+                             "minor page faults per step)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run base and --compare alternately this many times each (interleaved, so that a "
+                             "change in machine load hits both) and print each round's ratios and their median")
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads) for every run")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
@@ -327,18 +348,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{describe_device()}; torch threads: {torch.get_num_threads()}")
     print(f"workload: {json.dumps(asdict(spec), default=str)} "
           f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")
-    results = {}
+    results: dict[str, dict] = {}
+    round_ratios: list[dict] = []
     try:
-        for name, config in (("base", base_config), ("compare", compare_config)):
-            if config is None:
-                continue
-            results[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos, not args.no_warmup)
-            print(f"{name}: {_describe(results[name])}")
+        for round_index in range(max(1, args.rounds)):
+            this_round = {}
+            for name, config in (("base", base_config), ("compare", compare_config)):
+                if config is None:
+                    continue
+                this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
+                                              not args.no_warmup, args.profile)
+                if round_index == 0:
+                    print(f"{name}: {_describe(this_round[name])}")
+            results = results or this_round
+            if "compare" in this_round:
+                round_ratios.append(ratios(this_round["base"], this_round["compare"]))
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     base, compare = results["base"], results.get("compare")
     print(format_table(base, compare, (args.preset or "base", args.compare or "compare")))
+    for name, result in results.items():
+        if result["decode_profile_text"]:
+            print(f"{name} ({result['backend']}, {result['attention']}): {result['decode_profile_text']}")
     for name, result in results.items():
         if result["errors"]:
             print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)
@@ -353,6 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         report["ratios"] = ratios(base, compare)
         print("ratios compare/base: " + ", ".join(f"{k}={v:.2f}x" for k, v in report["ratios"].items()
                                                  if v is not None))
+    if len(round_ratios) > 1:
+        report["round_ratios"] = round_ratios
+        for key in ("output_throughput", "output_throughput_per_cpu_second", "mean_tpot_ms"):
+            values = [r[key] for r in round_ratios if r.get(key) is not None]
+            if values:
+                print(f"{key} compare/base per round: {' '.join(f'{v:.2f}x' for v in values)}; "
+                      f"median {statistics.median(values):.2f}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str))

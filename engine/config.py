@@ -107,6 +107,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     seed: int = 0
     cuda_graphs: bool = True
+    cpu_kernels: bool = True
 
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:
@@ -153,6 +154,10 @@ class EngineConfig:
         if self.kv_layout == "contiguous" and self.prefix_caching:
             raise ConfigError("prefix_caching shares KV blocks between requests and needs kv_layout='paged'; "
                               "turn prefix_caching off for the contiguous layout")
+        if not isinstance(self.cpu_kernels, bool):
+            raise ConfigError(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
+        if self.attention == "cpu-paged" and not self.cpu_kernels:
+            raise ConfigError("attention='cpu-paged' is one of the engine's CPU kernels; it needs cpu_kernels=True")
         if self.speculative == "draft" and not self.draft_model:
             raise ConfigError("speculative='draft' needs draft_model")
         for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):

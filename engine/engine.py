@@ -16,7 +16,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 import torch
 
@@ -28,6 +29,7 @@ from engine.core.request import Request, RequestHandle, RequestOutput, StreamDel
 from engine.errors import ModelLoadError, RequestError
 from engine.hub import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
 from engine.model.spec import NATIVE_ARCHITECTURES
+from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class Engine:
         self._history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self._wakeup = threading.Condition()
         self._inbox: list[Request] = []
+        self._loop_calls: list[tuple[Callable[[Backend], object], Future]] = []
         self._closed = False
         self._loop = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
         self._loop.start()
@@ -232,6 +235,25 @@ class Engine:
                     "prefix_cache_hit_rate": 0.0, "spec_acceptance_rate": 0.0, "peak_memory_bytes": 0}
         return {"closed": False, **stats}
 
+    def decode_profile(self, since: float = 0.0) -> DecodeProfile | None:
+        """Where the decode steps finished after `since` (a `time.perf_counter()` value) spent their time,
+        against their matmul floor, which is measured now on the engine's loop thread between steps.
+
+        None when there were no such steps, or when the backend does not profile them (transformers,
+        or a GPU, whose asynchronous kernels wall-clock sections cannot time).
+        """
+        return self._on_loop(lambda backend: backend.decode_profile(since))
+
+    def _on_loop(self, call: Callable[[Backend], object]):
+        """Run `call(backend)` on the loop thread between two steps and return its result."""
+        future: Future = Future()
+        with self._wakeup:
+            if self._closed:
+                raise RequestError("the engine is closed")
+            self._loop_calls.append((call, future))
+            self._wakeup.notify()
+        return future.result()
+
     def step_history(self, since: float = 0.0) -> list[StepRecord]:
         """The recent steps (oldest first) that ended after `since` (a `time.perf_counter()` value)."""
         return [step for step in list(self._history) if step.time > since]
@@ -264,11 +286,17 @@ class Engine:
         backend = self._backend
         while True:
             with self._wakeup:
-                while not (self._inbox or backend.has_work() or self._closed):
+                while not (self._inbox or self._loop_calls or backend.has_work() or self._closed):
                     self._wakeup.wait()
                 if self._closed:
                     break
                 arrivals, self._inbox = self._inbox, []
+                calls, self._loop_calls = self._loop_calls, []
+            for call, future in calls:
+                try:
+                    future.set_result(call(backend))
+                except Exception as error:
+                    future.set_exception(error)
             for request in arrivals:
                 backend.add(request)
             for request in backend.requests():
@@ -286,3 +314,5 @@ class Engine:
                     request.finish("error", f"{type(error).__name__}: {error}")
         for request in self._inbox + backend.requests():
             request.finish("aborted", "the engine was closed")
+        for _, future in self._loop_calls:
+            future.set_exception(RequestError("the engine is closed"))

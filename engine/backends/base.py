@@ -17,6 +17,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.request import Request
+from engine.runner.profiler import DecodeProfile
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -49,6 +50,7 @@ class BackendInfo:
     vocab_size: int
     max_model_len: int
     cuda_graphs: bool = False
+    cpu_kernels: bool = False
     notices: tuple[str, ...] = ()
 
 
@@ -97,6 +99,9 @@ class Backend(Protocol):
 
     def stats(self) -> BackendStats:
         """Current figures."""
+
+    def decode_profile(self, since: float) -> DecodeProfile | None:
+        """The decode steps finished after `since` against their matmul floor, or None if not profiled."""
 
     def close(self) -> None:
         """Free the model, the KV cache and any thread or process; the backend is unusable after."""

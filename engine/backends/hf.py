@@ -359,6 +359,10 @@ class HFBackend:
         processor = getattr(self.manager, "batch_processor", None) if self.manager is not None else None
         return getattr(processor, "cache", None)
 
+    def decode_profile(self, since: float) -> None:
+        """transformers' steps happen inside its own generate loops: not profiled section by section."""
+        return None
+
     def stats(self) -> BackendStats:
         cache = self._cb_cache()
         kv_bytes = used_bytes = total_blocks = free_blocks = 0

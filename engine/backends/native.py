@@ -30,6 +30,7 @@ from engine.core.block_manager import BlockManager
 from engine.core.metrics import peak_memory_bytes, tensor_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
+from engine.core.step_timing import StepProfiler
 from engine.errors import ConfigError
 from engine.model import cpu_kernels
 from engine.model.attention import make_attention
@@ -42,6 +43,7 @@ from engine.model.weights import load_weights
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
+from engine.runner.profiler import DecodeProfile, summarize_decode
 from engine.runner.step_plan import plan_step
 
 FLASH_BLOCK_MULTIPLE = 256
@@ -61,18 +63,28 @@ def resolve_max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
     return config.max_model_len
 
 
-def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype) -> str:
-    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256); on a CPU in float32 the
-    engine's paged kernel when it is built; else sdpa."""
+def resolve_cpu_kernels(config: EngineConfig, device: str, dtype: torch.dtype) -> tuple[bool, str | None]:
+    """Whether the model computes with the engine's CPU kernels, and why not when they were asked for."""
+    if not config.cpu_kernels or device != "cpu":
+        return False, None
+    if dtype != torch.float32:
+        return False, f"the engine's CPU kernels compute in float32; {dtype} runs the pure-PyTorch paths"
+    reason = cpu_kernels.unavailable_reason()
+    return reason is None, reason and f"pure-PyTorch CPU paths: {reason}"
+
+
+def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype, kernels: bool) -> str:
+    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256); the engine's paged
+    kernel where its CPU kernels run; else sdpa."""
     if config.attention == "auto":
         use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
                      and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
         if use_flash:
             return "flash-attn"
-        use_kernel = device == "cpu" and dtype == torch.float32 and cpu_kernels.unavailable_reason() is None
-        return "cpu-paged" if use_kernel else "sdpa"
-    if config.attention == "cpu-paged" and dtype != torch.float32:
-        raise ConfigError("the cpu-paged attention kernel computes in float32; set dtype='float32' or choose sdpa")
+        return "cpu-paged" if kernels else "sdpa"
+    if config.attention == "cpu-paged" and not kernels:
+        raise ConfigError("attention='cpu-paged' needs the engine's CPU kernels: a float32 model on the CPU, with "
+                          "the kernels built")
     if config.attention == "flash-attn":
         if dtype == torch.float32:
             raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
@@ -111,17 +123,15 @@ class NativeBackend:
         self.spec = ModelSpec.from_hf_config(hf_config)
         self.dtype = resolve_dtype(config, hf_config, self.device)
         self.max_model_len = resolve_max_model_len(config, self.spec)
-        # On a CPU the engine's C++ kernels are loaded before the model is built (they serve small-batch matmuls
-        # whatever the attention backend); without them every path is pure PyTorch, and the panel says why.
-        kernels_missing = cpu_kernels.unavailable_reason() if self.device == "cpu" else None
-        attention_name = resolve_attention(config, self.device, self.dtype)
+        kernels, kernels_notice = resolve_cpu_kernels(config, self.device, self.dtype)
+        attention_name = resolve_attention(config, self.device, self.dtype, kernels)
         self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
         num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
                                        self.device)
         torch.manual_seed(config.seed)
         attention = make_attention(attention_name, self.spec.head_dim, self.block_size)
-        self.model = build_native_model(self.spec, hf_config, path, BuildContext(self.dtype, self.device),
-                                        attention, self.max_model_len)
+        build = BuildContext(self.dtype, self.device, cpu_kernels=kernels)
+        self.model = build_native_model(self.spec, hf_config, path, build, attention, self.max_model_len)
         use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
         self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device,
                                 head_major=attention_name != "flash-attn")
@@ -140,8 +150,9 @@ class NativeBackend:
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
             device=self.device, num_params=sum(p.numel() for p in self.model.parameters()),
             vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
-            notices=(f"pure-PyTorch CPU paths: {kernels_missing}",) if kernels_missing else ())
+            cpu_kernels=kernels, notices=(kernels_notice,) if kernels_notice else ())
         self.steps = 0
+        self.profiler = StepProfiler(enabled=self.device == "cpu")
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
@@ -158,13 +169,17 @@ class NativeBackend:
     def step(self, record: Callable[[StepRecord], None]) -> None:
         """One engine step. A model failure fails the step's requests; the others keep going."""
         started = time.perf_counter()
+        self.profiler.start_step()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
         plan = plan_step(scheduled)
+        self.profiler.lap("schedule")
         try:
             logits = self.runner.execute(plan)
+            self.profiler.lap("execute")
             tokens, valid = self._sample(scheduled, logits)
+            self.profiler.lap("sample")
         except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
             log.error("model step failed:\n%s", traceback.format_exc())
             for item in scheduled:
@@ -184,6 +199,11 @@ class NativeBackend:
             if item.request.finished:
                 self.scheduler.remove(item.request)
         self.steps += 1
+        self.profiler.end_step(len(plan.chunks), plan.num_tokens, sum(chunk.end for chunk in plan.chunks))
+
+    def decode_profile(self, since: float = 0.0) -> DecodeProfile | None:
+        """The decode steps finished after `since` against their matmul floor (measured now, on this thread)."""
+        return summarize_decode(self.profiler.decode_steps(since), self.model)
 
     def _sample(self, scheduled: list[ScheduledRequest], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
         """One token per completing request (the sampler works on the whole batch at once)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from engine.core.step_timing import section
 from engine.model import cpu_kernels
 
 # A chunk over a cached prefix with more query tokens than this gathers its prefix once and runs SDPA:
@@ -178,12 +179,14 @@ class CpuPagedAttention(SpanAttention):
         return meta
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        cpu_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        batch = meta.batch
-        cpu_kernels.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.query_start,
-                                    meta.kernel_query_len, batch.context_lens, self.block_size, self.scale, out)
-        self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
+        with section("kv_write"):
+            cpu_kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        with section("attention"):
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            batch = meta.batch
+            cpu_kernels.paged_attention(q, k_cache, v_cache, batch.block_tables, batch.query_start,
+                                        meta.kernel_query_len, batch.context_lens, self.block_size, self.scale, out)
+            self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
         return out
 
 
@@ -215,15 +218,19 @@ class GatherAttention(SpanAttention):
         return gathered.masked_fill_(~meta.decode_valid[:, None, :, None], 0.0)
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        with section("kv_write"):
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         if meta.decode_token_index is not None:
-            q_dec = q.index_select(0, meta.decode_token_index).unsqueeze(2)           # [B, Hq, 1, D]
-            mask = meta.decode_valid[:, None, None, :]
-            attended = self.kernel(q_dec, self._padded(k_cache, meta), self._padded(v_cache, meta), mask,
-                                   self.scale, False)
-            out.index_copy_(0, meta.decode_token_index, attended.squeeze(2))
-        self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
+            with section("kv_gather"):
+                k_padded, v_padded = self._padded(k_cache, meta), self._padded(v_cache, meta)
+            with section("attention"):
+                q_dec = q.index_select(0, meta.decode_token_index).unsqueeze(2)           # [B, Hq, 1, D]
+                mask = meta.decode_valid[:, None, None, :]
+                attended = self.kernel(q_dec, k_padded, v_padded, mask, self.scale, False)
+                out.index_copy_(0, meta.decode_token_index, attended.squeeze(2))
+        with section("attention"):
+            self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
         return out
 
 

@@ -1,9 +1,11 @@
-"""The engine's own CPU operators (`csrc/cpu_kernels.cpp`): paged attention in place and small-batch matmuls.
+"""The engine's own CPU operators (`csrc/cpu_kernels.cpp`), for float32 models on a CPU.
 
-Why a C++ extension: on a CPU, attention over a paged cache written in PyTorch has to copy every
-cached block of every sequence into a padded tensor each step (a quarter of a decode step at
-batch 64), and MKL's GEMM is several times slower for 2-8 rows than reading the weights once
-would be. Two small loops in C++ remove both costs.
+Why a C++ extension: attention over a paged cache written in PyTorch has to copy every cached
+block of every sequence into a padded tensor each step (a quarter of a decode step at batch 64);
+MKL's GEMM is several times slower for 2-8 rows than reading the weights once would be; and a
+small model's decode step is mostly the fixed cost of ~50 small eager operations per layer. The
+operators: paged attention reading K/V in place, small-batch matmuls, and one pass each for
+RMSNorm (with the residual sum before it), rotary embedding, the KV store and SiLU-and-multiply.
 
 The library is built ahead of time by the project's install steps (`make run` / `make test` run
 `python -m engine.model.cpu_kernels`), never on a request's path: at run time it is only loaded,
@@ -13,7 +15,6 @@ pure-PyTorch paths (`attention="sdpa"`, `F.linear`) and says why.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import sys
 from pathlib import Path
@@ -52,71 +53,25 @@ def build(verbose: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     load(name=LIBRARY_NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(path.parent),
          is_python_module=False, verbose=verbose)
-    _register_fakes()
     return path
 
 
-def _register_fakes() -> None:
-    """Shapes of the operators' outputs for tracing (torch.compile), without running them."""
-    if getattr(_register_fakes, "done", False):
-        return
-
-    @torch.library.register_fake(f"{OPS}::small_batch_linear")
-    def _small_batch_linear(x, weight, bias):
-        return x.new_empty((x.shape[0], weight.shape[0]))
-
-    @torch.library.register_fake(f"{OPS}::paged_attention")
-    def _paged_attention(q, k_cache, v_cache, block_tables, query_start, query_len, context_lens, block_size,
-                         scale, out):
-        return None
-
-    @torch.library.register_fake(f"{OPS}::rms_norm")
-    def _rms_norm(x, weight, eps):
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-    @torch.library.register_fake(f"{OPS}::add_rms_norm")
-    def _add_rms_norm(x, residual, weight, eps):
-        return (torch.empty_like(x, memory_format=torch.contiguous_format),
-                torch.empty_like(x, memory_format=torch.contiguous_format))
-
-    @torch.library.register_fake(f"{OPS}::silu_mul")
-    def _silu_mul(x):
-        return x.new_empty((x.shape[0], x.shape[1] // 2))
-
-    @torch.library.register_fake(f"{OPS}::rotary_")
-    def _rotary(q, k, cos, sin):
-        return None
-
-    @torch.library.register_fake(f"{OPS}::store_kv")
-    def _store_kv(k, v, k_cache, v_cache, slot_mapping):
-        return None
-
-    _register_fakes.done = True
+_loaded: Path | None = None
 
 
-# True once the library is loaded: a plain flag, cheap to test on every matmul and traceable by torch.compile.
-LOADED = False
-
-
-@functools.cache
 def unavailable_reason() -> str | None:
     """Load the built library (once); why the CPU kernels cannot run here, or None when they are ready."""
-    global LOADED
+    global _loaded
+    if _loaded is not None:
+        return None
     if not SOURCE.is_file():
         return "the CPU kernel source is missing"
     path = library_path()
     if not path.is_file():
         return NOT_BUILT
-    if not hasattr(torch.ops, OPS) or not hasattr(getattr(torch.ops, OPS), "paged_attention"):
-        torch.ops.load_library(str(path))
-    _register_fakes()
-    LOADED = True
+    torch.ops.load_library(str(path))
+    _loaded = path
     return None
-
-
-def usable(x: torch.Tensor) -> bool:
-    """Whether the kernels can compute on `x`: loaded, a CPU tensor, float32."""
-    return LOADED and x.device.type == "cpu" and x.dtype == torch.float32
 
 
 def is_built() -> bool:

@@ -40,15 +40,15 @@ class LinearMethod(Protocol):
         """x @ weight.T (+ bias)."""
 
 
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 cpu_kernels_on: bool) -> torch.Tensor:
     """x @ weight.T (+ bias) in the fastest form measured on this CPU for the number of rows.
 
     Up to `SMALL_BATCH_MAX_ROWS` rows (decode at small batch), MKL's GEMM is 1.5-3x slower than
     reading the [out, in] weight once for all rows, which the engine's kernel does; from 16 rows
-    on, MKL is as fast or faster (`python -m engine.bench --profile` prints the floor for both).
+    on, MKL's GEMM on the weight as loaded is as fast as on a pre-transposed copy, so there is no copy.
     """
-    if (x.dim() == 2 and x.shape[0] <= cpu_kernels.SMALL_BATCH_MAX_ROWS and x.device.type == "cpu"
-            and x.dtype == torch.float32 and weight.dtype == torch.float32 and cpu_kernels.LOADED):
+    if cpu_kernels_on and x.dim() == 2 and x.shape[0] <= cpu_kernels.SMALL_BATCH_MAX_ROWS:
         return cpu_kernels.small_batch_linear(x.contiguous(), weight, bias)
     return F.linear(x, weight, bias)
 
@@ -64,7 +64,7 @@ class UnquantizedLinearMethod:
         return None
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return dense_linear(x, layer.weight, bias)
+        return dense_linear(x, layer.weight, bias, layer.build.cpu_kernels)
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,15 @@ class BuildContext:
 
     `linear_method` picks the method for a layer from its qualified name (e.g.
     "model.layers.0.mlp.down_proj"), so a quantization level can leave some layers unquantized.
+    `cpu_kernels`: compute with the engine's C++ CPU kernels (model/cpu_kernels.py); only set for a
+    float32 model on a CPU with the library loaded.
     """
 
     dtype: torch.dtype
     device: torch.device | str
     parallel: ParallelContext = SINGLE_PROCESS
     linear_method: Callable[[str], LinearMethod] = field(default=lambda prefix: UnquantizedLinearMethod())
+    cpu_kernels: bool = False
 
 
 def _check_shape(param: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -261,6 +264,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.parallel = build.parallel
+        self.cpu_kernels = build.cpu_kernels
         self.rows = -(-vocab_size // build.parallel.size)
         self.first_row = build.parallel.rank * self.rows
         self.weight = nn.Parameter(torch.zeros(self.rows, hidden_size, dtype=build.dtype, device=build.device),
@@ -287,5 +291,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Logits for this rank's vocabulary rows, gathered into the full vocabulary on every rank."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.parallel.all_gather_last_dim(dense_linear(hidden, self.weight, None))
+        logits = self.parallel.all_gather_last_dim(dense_linear(hidden, self.weight, None, self.cpu_kernels))
         return logits[..., :self.vocab_size].float()

@@ -28,6 +28,10 @@ from engine.model.rotary import rotate_queries_and_keys
 from engine.model.spec import ModelSpec
 
 
+def make_norm(size: int, spec: ModelSpec, build: BuildContext) -> RMSNorm:
+    return RMSNorm(size, spec.rms_norm_eps, build.dtype, build.device, build.cpu_kernels)
+
+
 class LlamaAttention(nn.Module):
     """QKV projection, optional Q/K norm, RoPE, attention over the KV cache, output projection."""
 
@@ -38,10 +42,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias, build,
                                         f"{prefix}.o_proj")
         if spec.qk_norm:
-            self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, build.dtype, build.device)
-            self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps, build.dtype, build.device)
+            self.q_norm = make_norm(spec.head_dim, spec, build)
+            self.k_norm = make_norm(spec.head_dim, spec, build)
         self.qk_norm = spec.qk_norm
         self.attention = attention
+        self.fused = build.cpu_kernels
 
     def forward(self, hidden, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
         tokens, dim = hidden.shape[0], self.heads.head_dim
@@ -53,7 +58,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        q, k = rotate_queries_and_keys(q, k, cos, sin)
+        q, k = rotate_queries_and_keys(q, k, cos, sin, self.fused)
         attended = self.attention(q, k, v, k_cache, v_cache, meta)
         return self.o_proj(attended.reshape(tokens, -1))
 
@@ -67,10 +72,11 @@ class LlamaMLP(nn.Module):
                                                        f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(spec.intermediate_size, spec.hidden_size, False, build,
                                            f"{prefix}.down_proj")
+        self.fused = build.cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if cpu_kernels.usable(gate_up):
+        if self.fused:
             return self.down_proj(cpu_kernels.silu_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
@@ -79,9 +85,9 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, attention, build: BuildContext, prefix: str):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, build.dtype, build.device)
+        self.input_layernorm = make_norm(spec.hidden_size, spec, build)
         self.self_attn = LlamaAttention(spec, attention, build, f"{prefix}.self_attn")
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, build.dtype, build.device)
+        self.post_attention_layernorm = make_norm(spec.hidden_size, spec, build)
         self.mlp = LlamaMLP(spec, build, f"{prefix}.mlp")
 
     def forward(self, hidden, cos, sin, k_cache, v_cache, meta) -> torch.Tensor:
@@ -96,7 +102,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, build)
         self.layers = nn.ModuleList(LlamaDecoderLayer(spec, attention, build, f"model.layers.{i}")
                                     for i in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, build.dtype, build.device)
+        self.norm = make_norm(spec.hidden_size, spec, build)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -1,7 +1,7 @@
 """RMSNorm, computed as transformers computes it, so float32 outputs match token for token.
 
-On a CPU in float32 the norm (and a residual sum followed by a norm) is one pass of the engine's
-kernel instead of six eager operations; elsewhere it is the same arithmetic in PyTorch.
+With the engine's CPU kernels (`fused`), the norm (and a residual sum followed by a norm) is one
+pass of a kernel instead of six eager operations; otherwise the same arithmetic in PyTorch.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ class RMSNorm(nn.Module):
 
     shard_ids = (None,)
 
-    def __init__(self, size: int, eps: float, dtype: torch.dtype, device):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device, fused: bool = False):
         super().__init__()
+        self.fused = fused
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.weight.shard_ids = self.shard_ids
@@ -30,7 +31,7 @@ class RMSNorm(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if cpu_kernels.usable(x):
+        if self.fused:
             return cpu_kernels.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
@@ -39,7 +40,7 @@ class RMSNorm(nn.Module):
 
     def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): a residual connection and the norm after it."""
-        if cpu_kernels.usable(x):
+        if self.fused:
             return cpu_kernels.add_rms_norm(x, residual, self.weight, self.eps)
         total = residual + x
         return self.forward(total), total

@@ -36,11 +36,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
-def rotate_queries_and_keys(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated by their tokens' positions: in place by one kernel call on a CPU in float32
-    (q and k are then views of the fused QKV output, which nothing else reads), else in PyTorch."""
-    if cpu_kernels.usable(q):
+def rotate_queries_and_keys(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated by their tokens' positions: `fused`, in place by one call of the engine's CPU
+    kernel (q and k are views of the fused QKV output, which nothing else reads); else in PyTorch."""
+    if fused:
         cpu_kernels.rotary_(q, k, cos, sin)
         return q, k
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -108,8 +108,9 @@ class SampledTokens:
 
 def sample(logits: torch.Tensor, settings: SamplingTensors) -> SampledTokens:
     """Pick one token per row of `logits` [rows, vocab] by that row's settings."""
-    tokens = torch.argmax(logits, dim=-1)
-    valid = ~torch.isnan(logits).any(dim=-1) & torch.isfinite(logits.max(dim=-1).values)
+    # One pass gives the greedy token and the row's validity: a row's max is NaN if any of its logits is.
+    best, tokens = torch.max(logits, dim=-1)
+    valid = torch.isfinite(best)
     if settings.all_greedy:
         return SampledTokens(tokens, valid)
     rows = torch.nonzero(settings.temperature > 0).squeeze(1)

@@ -15,6 +15,7 @@ from itertools import chain
 
 import torch
 
+from engine.core.step_timing import section
 from engine.model.attention import StepBatch
 from engine.model.llama import LlamaForCausalLM
 from engine.runner.block_tables import BlockTables
@@ -86,16 +87,18 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """float32 logits [plan.num_logits, vocab] of the scored positions, in plan order."""
-        input_ids, positions, meta, logit_rows = self.prepare(plan)
+        with section("prepare"):
+            input_ids, positions, meta, logit_rows = self.prepare(plan)
         graphs = self.decode_graphs
         if graphs is not None and meta.flash["decode_only"] and graphs.fits(len(plan.chunks)):
             hidden = graphs.run(input_ids, positions, meta.slot_mapping, meta.flash["seqlens_k"],
                                 meta.flash["block_table"])
         else:
             hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
-        if logit_rows is not None:
-            hidden = hidden.index_select(0, logit_rows)
-        return self.model.compute_logits(hidden)
+        with section("lm_head"):
+            if logit_rows is not None:
+                hidden = hidden.index_select(0, logit_rows)
+            return self.model.compute_logits(hidden)
 
     def close(self) -> None:
         """Drop the model, the KV pool and captured graphs (their memory goes with the last reference)."""
