@@ -5,7 +5,7 @@ RUN_STAMP := $(VENV)/.run-$(shell cat requirements.txt | sha1sum | cut -c1-12)
 TEST_STAMP:= $(VENV)/.test-$(shell cat requirements.txt requirements-test.txt | sha1sum | cut -c1-12)
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint chromium demo-model demo-draft gpu-check
+.PHONY: run test lint kernels chromium demo-model demo-draft gpu-check
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -20,14 +20,19 @@ $(TEST_STAMP): requirements-test.txt $(RUN_STAMP)
 	$(PY) -m pip install -q -r requirements-test.txt
 	rm -f $(VENV)/.test-* && touch $@
 
+# The engine's C++ CPU kernels (engine/model/csrc), compiled once per source and torch version into build/
+# (about a minute on two cores; a no-op when that build exists). Without them the engine runs pure PyTorch.
+kernels: $(RUN_STAMP)
+	$(PY) -m engine.model.cpu_kernels
+
 # Browser tests drive the system Chromium (never a browser downloaded by a test tool).
 chromium:
 	@command -v chromium >/dev/null || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium)
 
-run: $(RUN_STAMP)
+run: $(RUN_STAMP) kernels
 	$(PY) app.py
 
-test: $(TEST_STAMP) chromium
+test: $(TEST_STAMP) chromium kernels
 	$(PY) -m ruff check engine playground tests app.py
 	$(PY) -m pytest -q
 

@@ -26,7 +26,7 @@ CHOICES: dict[str, list[str]] = {
     "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "quantization": ["none", "int8", "nf4", "fp4"],
-    "attention": ["auto", "cpu-paged", "sdpa", "eager", "flash-attn"],
+    "attention": ["auto", "cpu-kernel", "sdpa", "eager", "flash-attn"],
     "kv_layout": ["paged", "contiguous"],
     "batching": ["continuous", "static"],
     "speculative": ["off", "draft", "ngram"],
@@ -59,9 +59,9 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
     device = resolve_device(device)
     if field_name == "device" and value == "cuda" and not cuda_available():
         return "no CUDA device on this machine"
-    if field_name == "attention" and value == "cpu-paged":
+    if field_name == "attention" and value == "cpu-kernel":
         if device != "cpu":
-            return "the cpu-paged attention kernel runs on the CPU"
+            return "the engine's paged-attention kernel runs on the CPU only"
         from engine.model import cpu_kernels
 
         if not cpu_kernels.is_built():
@@ -96,6 +96,7 @@ class EngineConfig:
     block_size: int = 16
     prefix_caching: bool = True
     kv_cache_bytes: int | None = None
+    kv_memory_fraction: float | None = None
     batching: str = "continuous"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -146,6 +147,10 @@ class EngineConfig:
         if self.kv_cache_bytes is not None and (not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes <= 0):
             raise ConfigError(f"kv_cache_bytes must be a positive integer (or unset for automatic), got "
                               f"{self.kv_cache_bytes!r}")
+        if self.kv_memory_fraction is not None and (isinstance(self.kv_memory_fraction, bool) or not isinstance(
+                self.kv_memory_fraction, int | float) or not 0 < self.kv_memory_fraction <= 1):
+            raise ConfigError(f"kv_memory_fraction must be a number in (0, 1] (or unset for the device's default), "
+                              f"got {self.kv_memory_fraction!r}")
         if not isinstance(self.seed, int):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if not (self.gqa in ("native", "mha") or (isinstance(self.gqa, int) and not isinstance(self.gqa, bool)
@@ -156,15 +161,15 @@ class EngineConfig:
                               "turn prefix_caching off for the contiguous layout")
         if not isinstance(self.cpu_kernels, bool):
             raise ConfigError(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
-        if self.attention == "cpu-paged" and not self.cpu_kernels:
-            raise ConfigError("attention='cpu-paged' is one of the engine's CPU kernels; it needs cpu_kernels=True")
+        if self.attention == "cpu-kernel" and not self.cpu_kernels:
+            raise ConfigError("attention='cpu-kernel' is one of the engine's CPU kernels; it needs cpu_kernels=True")
         if self.speculative == "draft" and not self.draft_model:
             raise ConfigError("speculative='draft' needs draft_model")
         for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
-        if self.backend == "hf" and self.attention in ("flash-attn", "cpu-paged"):
+        if self.backend == "hf" and self.attention in ("flash-attn", "cpu-kernel"):
             raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
         return self
 

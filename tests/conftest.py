@@ -8,6 +8,16 @@ import torch
 from tests.tiny_models import TINY_ARCHITECTURES, build_tiny_chat_model, build_tiny_model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_kernels_built() -> None:
+    """The engine's C++ CPU kernels, built as `make test` builds them (a no-op when built), so that the
+    kernel paths are tested whenever the suite runs; the pure-PyTorch paths are tested with cpu_kernels=False."""
+    from engine.model import cpu_kernels
+
+    cpu_kernels.build()
+    assert cpu_kernels.unavailable_reason() is None
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -1,7 +1,8 @@
 """The native engine's greedy output equals transformers' token for token, in float32.
 
 Every architecture, under both batching modes, both KV layouts, prefix caching on and off,
-chunked prefill, both CPU attention backends, and with preemption forced by a KV budget of one
+chunked prefill, every CPU attention backend (the engine's paged kernel by default, sdpa and eager),
+the pure-PyTorch paths (cpu_kernels=False), and with preemption forced by a KV budget of one
 max-length sequence.
 """
 
@@ -61,6 +62,8 @@ SETTINGS = {
     "static-contiguous": dict(batching="static", kv_layout="contiguous", prefix_caching=False, max_num_seqs=4),
     "chunked-prefill": dict(max_num_batched_tokens=16, block_size=4),
     "eager-attention": dict(attention="eager"),
+    "sdpa-attention": dict(attention="sdpa"),
+    "pure-pytorch": dict(cpu_kernels=False, max_num_batched_tokens=16, block_size=4),
 }
 
 

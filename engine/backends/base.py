@@ -119,14 +119,17 @@ def resolve_dtype(config: EngineConfig, hf_config, device: str) -> torch.dtype:
 
 
 def kv_budget_bytes(config: EngineConfig, one_sequence_bytes: int, device: str) -> int:
-    """Bytes for the KV pool: `kv_cache_bytes` when set, else room for `max_num_seqs` full-length
-    sequences capped by a share of the free memory (never less than one sequence)."""
+    """Bytes for the KV pool: `kv_cache_bytes` when set, else a memory budget: `kv_memory_fraction` of the
+    memory free at load (by default a quarter of the available RAM on a CPU, 85% of the free GPU memory),
+    capped at `max_num_seqs` full-length sequences, which is all the pool can ever hold at once (never
+    less than one sequence). The native pool is not zero-filled: a CPU commits its pages only as blocks
+    are first written, so a generous reservation costs address space, not memory, until used."""
     if config.kv_cache_bytes is not None:
         return config.kv_cache_bytes
     wanted = config.max_num_seqs * one_sequence_bytes
     if device == "cuda":
         free, _ = torch.cuda.mem_get_info()
-        budget = min(wanted, int(free * GPU_KV_FRACTION_OF_FREE))
+        budget = int(free * (config.kv_memory_fraction or GPU_KV_FRACTION_OF_FREE))
     else:
-        budget = min(wanted, int(psutil.virtual_memory().available * CPU_KV_FRACTION_OF_AVAILABLE))
-    return max(budget, one_sequence_bytes)
+        budget = int(psutil.virtual_memory().available * (config.kv_memory_fraction or CPU_KV_FRACTION_OF_AVAILABLE))
+    return max(min(wanted, budget), one_sequence_bytes)

@@ -81,9 +81,9 @@ def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype, ker
                      and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
         if use_flash:
             return "flash-attn"
-        return "cpu-paged" if kernels else "sdpa"
-    if config.attention == "cpu-paged" and not kernels:
-        raise ConfigError("attention='cpu-paged' needs the engine's CPU kernels: a float32 model on the CPU, with "
+        return "cpu-kernel" if kernels else "sdpa"
+    if config.attention == "cpu-kernel" and not kernels:
+        raise ConfigError("attention='cpu-kernel' needs the engine's CPU kernels: a float32 model on the CPU, with "
                           "the kernels built")
     if config.attention == "flash-attn":
         if dtype == torch.float32:

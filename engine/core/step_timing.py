@@ -26,10 +26,12 @@ _NO_SECTION = nullcontext()
 
 @dataclass(frozen=True)
 class StepTiming:
-    """One step as measured: wall time, time per section, the process's CPU time and minor page faults during it.
+    """One step as measured: wall time per section, the same in the loop thread's CPU time, the whole
+    process's CPU time, and the process's minor page faults during the step.
 
-    CPU time counts every thread of the process (torch's workers included); unlike wall time it does not
-    grow when other processes take the cores, so on a busy machine it is the steadier measure.
+    CPU time does not grow when other processes take the cores, so on a busy machine it is the steadier
+    measure; the process's counts torch's worker threads too, the loop thread's (`thread_seconds`,
+    `thread_sections`) only the thread that runs the step, which is all of it with one torch thread.
     """
 
     time: float
@@ -38,24 +40,26 @@ class StepTiming:
     context_tokens: int
     seconds: float
     cpu_seconds: float
+    thread_seconds: float
     sections: dict[str, float]
+    thread_sections: dict[str, float]
     minor_faults: int
 
 
 class _Section:
-    __slots__ = ("profiler", "name", "started")
+    __slots__ = ("profiler", "name", "started", "thread_started")
 
     def __init__(self, profiler: StepProfiler, name: str):
         self.profiler = profiler
         self.name = name
-        self.started = 0.0
+        self.started = self.thread_started = 0.0
 
     def __enter__(self) -> None:
         self.started = time.perf_counter()
+        self.thread_started = time.thread_time()
 
     def __exit__(self, *exc) -> None:
-        sections = self.profiler.current
-        sections[self.name] = sections.get(self.name, 0.0) + time.perf_counter() - self.started
+        self.profiler.add(self.name, time.perf_counter() - self.started, time.thread_time() - self.thread_started)
 
 
 def section(name: str):
@@ -72,25 +76,31 @@ class StepProfiler:
         self.history: deque[StepTiming] = deque(maxlen=HISTORY_STEPS)
         self.sections = {name: _Section(self, name) for name in SECTIONS}
         self.current: dict[str, float] = {}
-        self.started = self.last = self.cpu_at_start = 0.0
+        self.current_thread: dict[str, float] = {}
+        self.started = self.last = self.cpu_at_start = self.thread_started = self.thread_last = 0.0
         self.faults_at_start = 0
 
     def start_step(self) -> None:
         if not self.enabled:
             return
         _active.profiler = self
-        self.current = {}
+        self.current, self.current_thread = {}, {}
         self.faults_at_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self.cpu_at_start = time.process_time()
+        self.thread_started = self.thread_last = time.thread_time()
         self.started = self.last = time.perf_counter()
+
+    def add(self, name: str, seconds: float, thread_seconds: float) -> None:
+        self.current[name] = self.current.get(name, 0.0) + seconds
+        self.current_thread[name] = self.current_thread.get(name, 0.0) + thread_seconds
 
     def lap(self, name: str) -> None:
         """Count the time since the previous lap (or the step's start) towards `name`."""
         if not self.enabled:
             return
-        now = time.perf_counter()
-        self.current[name] = self.current.get(name, 0.0) + now - self.last
-        self.last = now
+        now, thread_now = time.perf_counter(), time.thread_time()
+        self.add(name, now - self.last, thread_now - self.thread_last)
+        self.last, self.thread_last = now, thread_now
 
     def end_step(self, batch_size: int, num_tokens: int, context_tokens: int) -> None:
         """Close the step (the time since the last lap is delivery) and record it."""
@@ -101,7 +111,8 @@ class StepProfiler:
         cpu = time.process_time() - self.cpu_at_start
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults_at_start
         self.history.append(StepTiming(self.last, num_tokens == batch_size, batch_size, context_tokens,
-                                       self.last - self.started, cpu, self.current, faults))
+                                       self.last - self.started, cpu, self.thread_last - self.thread_started,
+                                       self.current, self.current_thread, faults))
 
     def decode_steps(self, since: float = 0.0) -> list[StepTiming]:
         """The recorded steps that ran one token per sequence and finished after `since` (perf_counter)."""

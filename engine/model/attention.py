@@ -7,7 +7,7 @@ flat (all sequences' new tokens concatenated); the runner describes it once per 
 `StepBatch`, and each backend turns that into the `AttentionMetadata` its layers read.
 
 Backends:
-- `cpu-paged`: the engine's C++ kernel (model/cpu_kernels.py) reads each sequence's K/V blocks in
+- `cpu-kernel`: the engine's C++ kernel (model/cpu_kernels.py) reads each sequence's K/V blocks in
   place through its block table, for decode tokens and for short chunks over a cached prefix
   (speculative verification, chunked prefill tails); a prompt's first chunk attends to its own
   fresh K/V with torch's SDPA, as do long chunks over a prefix (whose gather is then amortised).
@@ -162,7 +162,7 @@ class CpuPagedAttention(SpanAttention):
     def __init__(self, head_dim: int, block_size: int):
         reason = cpu_kernels.unavailable_reason()
         if reason:
-            raise RuntimeError(f"attention='cpu-paged' cannot run: {reason}")
+            raise RuntimeError(f"attention='cpu-kernel' cannot run: {reason}")
         super().__init__(sdpa_kernel, head_dim, block_size)
 
     def build_metadata(self, batch: StepBatch) -> AttentionMetadata:
@@ -280,6 +280,6 @@ class FlashAttention:
 def make_attention(name: str, head_dim: int, block_size: int):
     if name == "flash-attn":
         return FlashAttention(head_dim, block_size)
-    if name == "cpu-paged":
+    if name == "cpu-kernel":
         return CpuPagedAttention(head_dim, block_size)
     return GatherAttention(eager_kernel if name == "eager" else sdpa_kernel, head_dim, block_size)

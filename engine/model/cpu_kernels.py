@@ -16,6 +16,7 @@ pure-PyTorch paths (`attention="sdpa"`, `F.linear`) and says why.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,6 @@ BUILD_ROOT = Path(__file__).resolve().parent.parent.parent / "build" / "cpu-kern
 LIBRARY_NAME = "playground_cpu_kernels"
 CFLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-Wno-psabi"]
 OPS = "playground_cpu"
-SMALL_BATCH_MAX_ROWS = 8
 NOT_BUILT = ("the engine's CPU kernels are not built for this source and torch (run `make kernels` or "
              "`python -m engine.model.cpu_kernels`)")
 
@@ -50,6 +50,8 @@ def build(verbose: bool = False) -> Path:
         return path
     from torch.utils.cpp_extension import load
 
+    # The pinned `ninja` package installs its binary next to this interpreter, which need not be on PATH.
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     path.parent.mkdir(parents=True, exist_ok=True)
     load(name=LIBRARY_NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(path.parent),
          is_python_module=False, verbose=verbose)
@@ -87,7 +89,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_start, query_len, c
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T (+ bias) reading the weight once; meant for M <= SMALL_BATCH_MAX_ROWS."""
+    """x [M, K] @ weight[N, K].T (+ bias), each weight row read once per 8 rows of x (see model/matmul.py)."""
     return torch.ops.playground_cpu.small_batch_linear(x, weight, bias)
 
 

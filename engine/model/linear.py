@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model import cpu_kernels
+from engine.model import matmul
+from engine.model.matmul import plan_matmul
 from engine.model.parallel import SINGLE_PROCESS, ParallelContext
 
 
@@ -40,31 +41,21 @@ class LinearMethod(Protocol):
         """x @ weight.T (+ bias)."""
 
 
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                 cpu_kernels_on: bool) -> torch.Tensor:
-    """x @ weight.T (+ bias) in the fastest form measured on this CPU for the number of rows.
-
-    Up to `SMALL_BATCH_MAX_ROWS` rows (decode at small batch), MKL's GEMM is 1.5-3x slower than
-    reading the [out, in] weight once for all rows, which the engine's kernel does; from 16 rows
-    on, MKL's GEMM on the weight as loaded is as fast as on a pre-transposed copy, so there is no copy.
-    """
-    if cpu_kernels_on and x.dim() == 2 and x.shape[0] <= cpu_kernels.SMALL_BATCH_MAX_ROWS:
-        return cpu_kernels.small_batch_linear(x.contiguous(), weight, bias)
-    return F.linear(x, weight, bias)
-
-
 class UnquantizedLinearMethod:
-    """The weight in the model's dtype on the model's device, [out, in] as loaded; `dense_linear`."""
+    """The weight in the model's dtype on the model's device, [out, in] as loaded; multiplied in the form
+    measured fastest for its shape (model/matmul.py)."""
 
     def create_weights(self, layer: LinearBase, input_size: int, output_size: int) -> None:
-        layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=layer.build.dtype,
-                                                device=layer.build.device), requires_grad=False)
+        build = layer.build
+        layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=build.dtype, device=build.device),
+                                    requires_grad=False)
+        layer.matmul_plan = plan_matmul(output_size, input_size, build.dtype, build.device, build.cpu_kernels)
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
         return None
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return dense_linear(x, layer.weight, bias, layer.build.cpu_kernels)
+        return matmul.linear(layer.matmul_plan, x, layer.weight, bias)
 
 
 @dataclass(frozen=True)
@@ -264,7 +255,6 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.vocab_size = vocab_size
         self.parallel = build.parallel
-        self.cpu_kernels = build.cpu_kernels
         self.rows = -(-vocab_size // build.parallel.size)
         self.first_row = build.parallel.rank * self.rows
         self.weight = nn.Parameter(torch.zeros(self.rows, hidden_size, dtype=build.dtype, device=build.device),
@@ -290,6 +280,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits for this rank's vocabulary rows, gathered into the full vocabulary on every rank."""
 
+    def __init__(self, vocab_size: int, hidden_size: int, build: BuildContext):
+        super().__init__(vocab_size, hidden_size, build)
+        self.matmul_plan = plan_matmul(self.rows, hidden_size, build.dtype, build.device, build.cpu_kernels)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.parallel.all_gather_last_dim(dense_linear(hidden, self.weight, None, self.cpu_kernels))
+        logits = self.parallel.all_gather_last_dim(matmul.linear(self.matmul_plan, hidden, self.weight, None))
         return logits[..., :self.vocab_size].float()

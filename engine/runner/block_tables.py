@@ -26,6 +26,7 @@ class BlockTables:
         self.rows: dict[int, int] = {}
         self.written: list[list[int]] = [[] for _ in range(INITIAL_ROWS)]
         self.free_rows = list(range(INITIAL_ROWS - 1, -1, -1))
+        self.entries_written = 0  # by the last step: what incremental updating saves is visible (and tested)
 
     def _grow(self) -> None:
         old = self.table.shape[0]
@@ -46,7 +47,8 @@ class BlockTables:
         return row
 
     def step_tables(self, seq_ids: list[int | None], tables: list[list[int]], width: int) -> torch.Tensor:
-        """[len(tables), width] int32: each sequence's blocks (0-padded), written only where they changed."""
+        """[len(tables), width] int32: each sequence's blocks, written only where they changed (entries past
+        a table's end are stale block ids that attention never reads)."""
         present = set()
         rows, update_rows, update_cols, update_values = [], [], [], []
         for seq_id, blocks in zip(seq_ids, tables, strict=True):
@@ -63,7 +65,8 @@ class BlockTables:
                 update_rows.extend([row] * (len(blocks) - first))
                 update_cols.extend(range(first, len(blocks)))
                 update_values.extend(blocks[first:])
-            self.written[row] = blocks
+            self.written[row] = list(blocks)  # a copy: the caller's list may grow in place
+        self.entries_written = len(update_values)
         if update_values:
             self.table[torch.tensor(update_rows, device=self.device), torch.tensor(update_cols, device=self.device)] = \
                 torch.tensor(update_values, dtype=torch.int32, device=self.device)

@@ -41,9 +41,9 @@ class DecodeProfile:
     `floor_ms` is the mean, over the same steps, of the matrix multiplies alone at each step's batch
     size (`lm_head_floor_ms` its LM-head part). `shares` are fractions of the mean step time; "layers"
     is what the timed sections leave (the decoder layers' matmuls, norms, rotary embedding and
-    activations). The `cpu_` figures are the same in process CPU time, which other processes on the
-    machine do not inflate; with one torch thread they measure what the wall-clock ones would on an
-    idle machine.
+    activations). The `cpu_` figures are the same in process CPU time and `thread_shares` the shares in
+    the loop thread's CPU time: other processes on the machine do not inflate them, and with one torch
+    thread they measure what the wall-clock ones would on an idle machine.
     """
 
     steps: int
@@ -58,6 +58,7 @@ class DecodeProfile:
     cpu_floor_ratio: float
     minor_faults_per_step: float
     shares: dict[str, float] = field(default_factory=dict)
+    thread_shares: dict[str, float] = field(default_factory=dict)
 
     def format(self) -> str:
         """A short multi-line report (what `python -m engine.bench --profile` prints)."""
@@ -69,9 +70,10 @@ class DecodeProfile:
                  f"  step / floor       {self.floor_ratio:8.2f}x   (CPU time {self.cpu_floor_ratio:.2f}x; fraction of "
                  f"floor {1 / self.floor_ratio:.2f})",
                  f"  minor page faults  {self.minor_faults_per_step:8.1f} per decode step",
-                 "  shares of the step:"]
+                 "  shares of the step (wall time, loop thread's CPU time):"]
         for name, share in sorted(self.shares.items(), key=lambda item: -item[1]):
-            lines.append(f"    {100 * share:5.1f}%  {SECTION_LABELS.get(name, name)}")
+            lines.append(f"    {100 * share:5.1f}%  {100 * self.thread_shares.get(name, 0.0):5.1f}%  "
+                         f"{SECTION_LABELS.get(name, name)}")
         return "\n".join(lines)
 
 
@@ -151,13 +153,21 @@ def summarize_decode(steps: list[StepTiming], model) -> DecodeProfile | None:
     wall = sum(step.seconds for step in steps) / count
     cpu = sum(step.cpu_seconds for step in steps) / count
     floor, cpu_floor = mean_floor("seconds"), mean_floor("cpu_seconds")
-    shares = {name: sum(step.sections.get(name, 0.0) for step in steps) / (wall * count) for name in SECTIONS}
-    shares = {name: share for name, share in shares.items() if share > 0}
-    shares["layers"] = max(0.0, 1.0 - sum(shares.values()))
+    shares = _shares(steps, "sections", "seconds")
+    thread_shares = _shares(steps, "thread_sections", "thread_seconds")
     return DecodeProfile(
         steps=count, mean_batch_size=sum(step.batch_size for step in steps) / count,
         mean_context_len=sum(step.context_tokens for step in steps) / sum(step.batch_size for step in steps),
         step_ms=1e3 * wall, floor_ms=1e3 * floor, lm_head_floor_ms=1e3 * mean_floor("lm_head_seconds"),
         floor_ratio=wall / floor, cpu_step_ms=1e3 * cpu, cpu_floor_ms=1e3 * cpu_floor,
         cpu_floor_ratio=cpu / cpu_floor, minor_faults_per_step=sum(step.minor_faults for step in steps) / count,
-        shares=shares)
+        shares=shares, thread_shares=thread_shares)
+
+
+def _shares(steps: list[StepTiming], sections: str, total: str) -> dict[str, float]:
+    """Each section's fraction of the steps' total; "layers" is the rest (the decoder layers outside sections)."""
+    whole = sum(getattr(step, total) for step in steps) or 1.0
+    shares = {name: sum(getattr(step, sections).get(name, 0.0) for step in steps) / whole for name in SECTIONS}
+    shares = {name: share for name, share in shares.items() if share > 0}
+    shares["layers"] = max(0.0, 1.0 - sum(shares.values()))
+    return shares

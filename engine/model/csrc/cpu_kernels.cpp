@@ -484,7 +484,10 @@ PLAYGROUND_INLINE void linear_rows(const float* x, const float* weight, const fl
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
       vec16 w[WIDE];
-      for (int j = 0; j < WIDE; ++j) w[j] = load16(weight + (n + j) * K + k);
+      for (int j = 0; j < WIDE; ++j) {
+        __builtin_prefetch(weight + (n + j + WIDE) * K + k, 0, 0);
+        w[j] = load16(weight + (n + j) * K + k);
+      }
       for (int m = 0; m < ROWS; ++m) {
         const vec16 a = load16(x + m * K + k);
         for (int j = 0; j < WIDE; ++j) acc[j][m] += a * w[j];

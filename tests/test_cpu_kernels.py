@@ -1,0 +1,147 @@
+"""The engine's C++ CPU kernels against plain PyTorch references (the pure-PyTorch paths compute these)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model import cpu_kernels
+from engine.model.rotary import apply_rotary
+
+ATOL = 2e-5
+
+
+def reference_attention(q, k_cache, v_cache, tables, query_start, query_len, context_lens, block_size, scale):
+    """Each sequence's queries over its first context_len slots (read through its block table), causally."""
+    out = torch.zeros_like(q)
+    groups = q.shape[1] // k_cache.shape[0]
+    for n in range(tables.shape[0]):
+        count, length, first = int(query_len[n]), int(context_lens[n]), int(query_start[n])
+        if count == 0:
+            continue
+        slots = (tables[n].long()[:, None] * block_size + torch.arange(block_size)).flatten()[:length]
+        keys = k_cache[:, slots].repeat_interleave(groups, 0)
+        values = v_cache[:, slots].repeat_interleave(groups, 0)
+        queries = q[first:first + count].transpose(0, 1)
+        scores = queries @ keys.transpose(1, 2) * scale
+        limits = torch.arange(length - count, length)[:, None]
+        scores = scores.masked_fill(torch.arange(length)[None, :] > limits, float("-inf"))
+        out[first:first + count] = (scores.softmax(-1) @ values).transpose(0, 1)
+    return out
+
+
+def paged_case(heads, kv_heads, dim, block_size, query_lens, context_lens, seed=0):
+    """A pool whose unwritten slots hold NaN, random tables, and the kernel's and the reference's outputs."""
+    generator = torch.Generator().manual_seed(seed)
+    num_blocks = 64
+    k_cache = torch.full((kv_heads, num_blocks * block_size, dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    width = -(-max(context_lens) // block_size)
+    tables = torch.stack([torch.randperm(num_blocks, generator=generator)[:width] for _ in context_lens]).int()
+    for n, length in enumerate(context_lens):  # write only the slots each sequence owns up to its length
+        slots = (tables[n].long()[:, None] * block_size + torch.arange(block_size)).flatten()[:length]
+        k_cache[:, slots] = torch.randn(kv_heads, length, dim, generator=generator)
+        v_cache[:, slots] = torch.randn(kv_heads, length, dim, generator=generator)
+    query_len = torch.tensor(query_lens)
+    query_start = torch.cumsum(query_len, 0) - query_len
+    q = torch.randn(int(query_len.sum()), heads, dim, generator=generator)
+    lens = torch.tensor(context_lens)
+    scale = 1 / math.sqrt(dim)
+    out = torch.full_like(q, -7.0)
+    cpu_kernels.paged_attention(q, k_cache, v_cache, tables, query_start, query_len, lens, block_size, scale, out)
+    expected = reference_attention(q, k_cache, v_cache, tables, query_start, query_len, lens, block_size, scale)
+    return out, expected
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 4, 64), (8, 8, 32), (4, 1, 128), (6, 2, 24)])
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32])
+def test_paged_attention_matches_reference_and_never_reads_unwritten_slots(heads, kv_heads, dim, block_size):
+    """Decode rows and multi-token chunks over a cached prefix (as speculative verification sends them);
+    every slot no sequence wrote is NaN, so any read past a causal limit would show."""
+    out, expected = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 1],
+                               context_lens=[1, 40, 17, 61, 33])
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=1e-4)
+
+
+def test_paged_attention_leaves_rows_of_other_sequences_alone_and_reads_strided_queries():
+    """A sequence with no kernel rows (query_len 0: attended elsewhere) keeps its rows of `out`; q may be a
+    view of a fused QKV output (rows further apart than heads * dim)."""
+    generator = torch.Generator().manual_seed(3)
+    kv_heads, heads, dim, block_size = 2, 4, 32, 8
+    k_cache = torch.randn(kv_heads, 16 * block_size, dim, generator=generator)
+    v_cache = torch.randn_like(k_cache)
+    qkv = torch.randn(4, (heads + 2 * kv_heads) * dim, generator=generator)
+    q = qkv[:, :heads * dim].view(4, heads, dim)
+    tables = torch.tensor([[3, 5], [7, 1]], dtype=torch.int32)
+    query_start, query_len, lens = torch.tensor([0, 2]), torch.tensor([2, 0]), torch.tensor([12, 10])
+    out = torch.full((4, heads, dim), -7.0)
+    cpu_kernels.paged_attention(q, k_cache, v_cache, tables, query_start, query_len, lens, block_size, 0.3, out)
+    expected = reference_attention(q.contiguous(), k_cache, v_cache, tables, query_start, query_len, lens,
+                                   block_size, 0.3)
+    torch.testing.assert_close(out[:2], expected[:2], atol=ATOL, rtol=1e-4)
+    assert (out[2:] == -7.0).all()
+
+
+def test_paged_attention_refuses_block_ids_outside_the_pool():
+    k_cache = torch.zeros(1, 32, 16)
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        cpu_kernels.paged_attention(torch.zeros(1, 1, 16), k_cache, k_cache.clone(),
+                                    torch.tensor([[9]], dtype=torch.int32), torch.tensor([0]), torch.tensor([1]),
+                                    torch.tensor([1]), 16, 1.0, torch.zeros(1, 1, 16))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11])
+@pytest.mark.parametrize("in_features,out_features", [(512, 1024), (33, 7), (64, 130)])
+def test_small_batch_linear_matches_f_linear(rows, in_features, out_features):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    torch.testing.assert_close(cpu_kernels.small_batch_linear(x, weight, bias), F.linear(x, weight, bias),
+                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cpu_kernels.small_batch_linear(x, weight, None), x @ weight.T, atol=1e-4, rtol=1e-4)
+
+
+def torch_rms_norm(x, weight, eps):
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x
+
+
+def test_norms_activation_rotary_and_kv_store_match_pytorch():
+    generator = torch.Generator().manual_seed(5)
+    x, residual = torch.randn(5, 96, generator=generator), torch.randn(5, 96, generator=generator)
+    weight = torch.randn(96, generator=generator)
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6))
+    normed, total = cpu_kernels.add_rms_norm(x, residual, weight, 1e-6)
+    torch.testing.assert_close(total, x + residual)
+    torch.testing.assert_close(normed, torch_rms_norm(x + residual, weight, 1e-6))
+
+    gate_up = torch.randn(5, 2 * 40, generator=generator) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_kernels.silu_mul(gate_up), F.silu(gate) * up)
+
+    qkv = torch.randn(5, (4 + 2 * 2) * 16, generator=generator)
+    q, k, v = qkv.split([64, 32, 32], dim=-1)
+    q, k, v = q.view(5, 4, 16), k.view(5, 2, 16), v.view(5, 2, 16)
+    angles = torch.randn(5, 8, generator=generator)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    expected_q, expected_k = apply_rotary(q, cos[:, None], sin[:, None]), apply_rotary(k, cos[:, None], sin[:, None])
+    cpu_kernels.rotary_(q, k, cos, sin)
+    torch.testing.assert_close(q, expected_q)
+    torch.testing.assert_close(k, expected_k)
+
+    k_cache, v_cache = torch.zeros(2, 40, 16), torch.zeros(2, 40, 16)
+    slots = torch.tensor([3, 17, 18, 39, 0])
+    cpu_kernels.store_kv(k, v, k_cache, v_cache, slots)
+    torch.testing.assert_close(k_cache[:, slots], k.transpose(0, 1))
+    torch.testing.assert_close(v_cache[:, slots], v.transpose(0, 1))
+    assert k_cache.abs().sum(-1).count_nonzero() == 2 * len(slots)
+
+
+def test_kernels_refuse_other_dtypes():
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_kernels.small_batch_linear(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(4, 8), None)
