@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from engine import SamplingParams
 from engine.core.block_manager import BlockManager
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler
+from tests.test_block_manager import check_invariants
 
 BLOCK = 4
 
@@ -64,3 +68,58 @@ def test_token_budget_splits_a_long_prompt_into_chunks():
             request.append_tokens([99], now=0.0)
         scheduler.complete_step([item])
     assert sizes == [8, 8, 4]
+
+
+# ---- long random lives: submit / step / cancel / finish, with preemption forced by a small pool ----------------
+
+def check_scheduler(scheduler: Scheduler, live: set) -> None:
+    manager = scheduler.block_manager
+    check_invariants(manager)
+    running, waiting = set(scheduler.running), set(scheduler.waiting)
+    assert not running & waiting, "a request is both running and waiting"
+    assert running | waiting == live, "a live request was lost, or a finished one kept"
+    assert {r.request_id for r in running} == set(manager.tables), "block tables belong to running requests"
+    assert len(running) <= scheduler.max_num_seqs
+    for request in running:
+        table = manager.tables[request.request_id]
+        assert len(table) * BLOCK >= request.num_computed_tokens, "computed K/V without blocks to hold it"
+    for request in waiting:
+        assert request.request_id not in manager.tables, "a waiting request still holds blocks"
+
+
+lives = st.lists(st.tuples(st.sampled_from(["submit", "step", "step", "step", "cancel"]),
+                           st.integers(1, 24), st.integers(0, 3)), min_size=20, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lives, st.sampled_from(["continuous", "static"]), st.booleans(), st.integers(8, 20), st.integers(1, 4),
+       st.integers(4, 32))
+def test_random_lives_keep_every_invariant(ops, batching, prefix_caching, num_blocks, max_seqs, budget):
+    manager = BlockManager(num_blocks, BLOCK, prefix_caching)
+    scheduler = Scheduler(manager, batching, max_num_seqs=max_seqs, max_num_batched_tokens=budget)
+    live: set = set()
+    for op, length, pick in ops:
+        max_tokens = 1 + (3 * length) % 29  # long enough that running requests outgrow the pool and get preempted
+        if op == "submit" and length + max_tokens <= num_blocks * BLOCK:
+            request = make_request([pick + 1] * length)
+            request.params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            scheduler.add(request)
+            live.add(request)
+        elif op == "cancel" and live:
+            victim = sorted(live, key=lambda r: r.request_id)[pick % len(live)]
+            scheduler.remove(victim)
+            live.discard(victim)
+        elif op == "step":
+            scheduled = scheduler.schedule()
+            for item in scheduled:
+                if item.num_logits:
+                    item.request.append_tokens([pick + 1], now=0.0)
+            scheduler.complete_step(scheduled)
+            for item in scheduled:
+                if item.request.finished:
+                    scheduler.remove(item.request)
+                    live.discard(item.request)
+        check_scheduler(scheduler, live)
+    for request in list(live):
+        scheduler.remove(request)
+    assert manager.num_free_blocks == num_blocks, "blocks leaked once every request ended"
