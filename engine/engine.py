@@ -236,10 +236,6 @@ class Engine:
         """The recent steps (oldest first) that ended after `since` (a `time.perf_counter()` value)."""
         return [step for step in list(self._history) if step.time > since]
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def close(self) -> None:
         """Stop the loop, end pending requests as "aborted", and free the model and KV cache."""
         with self._wakeup:

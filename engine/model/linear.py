@@ -113,28 +113,6 @@ class LinearBase(nn.Module):
         return self.method.apply(self, x, self.bias)
 
 
-class ReplicatedLinear(LinearBase):
-    """The whole layer on every rank."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
-        super().__init__(input_size, output_size, bias, build, prefix)
-
-
-class ColumnParallelLinear(LinearBase):
-    """Outputs split over ranks: rank r computes output rows [r * n / N, (r + 1) * n / N)."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
-        _, local = build.parallel.split(output_size, f"{prefix} outputs")
-        super().__init__(input_size, local, bias, build, prefix)
-
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
-        _check_rows(loaded, param.shape[0] * self.parallel.size, self.prefix)
-        start, length = self.parallel.split(loaded.shape[0], f"{self.prefix} outputs")
-        loaded = loaded.narrow(0, start, length)
-        _check_shape(param, loaded)
-        param.data.copy_(loaded)
-
-
 class MergedColumnParallelLinear(LinearBase):
     """Several column-parallel layers with one input stored as one (gate and up: one matmul).
 
