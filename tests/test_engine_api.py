@@ -7,11 +7,13 @@ import shutil
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from engine import ConfigError, Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
+from tests.tiny_models import checkpoint_bytes, kv_bytes_per_token
 
 
 @pytest.fixture(scope="module")
@@ -127,18 +129,39 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(chat_engin
     assert alone != other_seed
 
 
-def test_metrics_are_consistent(chat_engine):
-    output = chat_engine.generate("Paged attention stores", SamplingParams(max_tokens=10, ignore_eos=True))[0]
+def test_metrics_are_the_engine_s_own_step_times(chat_engine):
+    """A request alone in the engine gets one token per step, stamped with that step's time: its TTFT, ITL and
+    TPOT follow from the step records, and its TTFT is bounded by the caller's own clock."""
+    wait_until_idle(chat_engine)
+    prompt = "Paged attention stores"
+    before = time.perf_counter()
+    output = chat_engine.generate(prompt, SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    steps = chat_engine.step_history(since=before)
     metrics = output.metrics
-    assert metrics.output_tokens == 10 and len(metrics.itl) == 9
-    assert 0 < metrics.ttft <= metrics.e2el
-    assert metrics.tpot == pytest.approx((metrics.e2el - metrics.ttft) / 9)
-    stats = chat_engine.stats()
-    for key in ("weights_bytes", "kv_cache_bytes", "kv_cache_used_bytes", "kv_blocks_total", "kv_blocks_free",
-                "num_running", "num_waiting", "prefix_cache_hit_rate", "spec_acceptance_rate",
-                "peak_memory_bytes"):
-        assert key in stats
-    assert stats["weights_bytes"] > 0 and stats["peak_memory_bytes"] > stats["weights_bytes"]
+    times = [step.time for step in steps]
+    assert len(steps) == 10, "one step computes the prompt and samples the first token, then one step a token"
+    assert (metrics.output_tokens, metrics.prompt_tokens) == (10, len(chat_engine.encode(prompt)))
+    assert steps[0].duration <= metrics.ttft <= times[0] - before
+    assert metrics.itl == pytest.approx([b - a for a, b in zip(times, times[1:], strict=False)], abs=1e-4)
+    assert metrics.e2el - metrics.ttft == pytest.approx(times[-1] - times[0], abs=1e-4)
+    assert metrics.tpot == pytest.approx((times[-1] - times[0]) / 9, rel=1e-2)
+
+
+def test_stats_report_the_pool_the_weights_and_the_running_requests(chat_engine, tiny_chat_dir):
+    block_bytes = 4 * kv_bytes_per_token(tiny_chat_dir, 4)  # chat_engine: block_size=4, float32 on a CPU
+    stream = chat_engine.stream("Paged attention", SamplingParams(max_tokens=400, ignore_eos=True))
+    next(stream)
+    busy = chat_engine.stats()
+    stream.close()
+    resident = psutil.Process().memory_info().rss
+    idle = wait_until_idle(chat_engine)
+    assert busy["num_running"] == 1 and busy["kv_cache_used_bytes"] > 0
+    assert busy["kv_cache_used_bytes"] % block_bytes == 0
+    assert idle["kv_cache_bytes"] == idle["kv_blocks_total"] * block_bytes
+    assert (idle["kv_blocks_free"], idle["kv_cache_used_bytes"]) == (idle["kv_blocks_total"], 0)
+    assert idle["weights_bytes"] == checkpoint_bytes(tiny_chat_dir)
+    assert idle["peak_memory_bytes"] >= 0.9 * resident, "peak resident memory, in bytes"
+    assert idle["spec_acceptance_rate"] == 0.0, "speculative decoding is off"
     assert chat_engine.step_history(), "steps are recorded for the live charts"
 
 
