@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from engine import ConfigError, Engine, EngineConfig, RequestError, SamplingParams
-from tests.tiny_models import VOCAB, checkpoint_bytes, kv_bytes_per_token
+from tests.reference_figures import checkpoint_bytes, kv_bytes_per_token
+from tests.tiny_models import VOCAB
 
 FLOAT32_BYTES = 4
 SHORT = SamplingParams(max_tokens=4, ignore_eos=True)

@@ -7,13 +7,12 @@ import shutil
 import threading
 import time
 
-import psutil
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from engine import ConfigError, Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
-from tests.tiny_models import checkpoint_bytes, kv_bytes_per_token
+from tests.reference_figures import checkpoint_bytes, element_size, kv_bytes_per_token, memory_in_use
 
 
 @pytest.fixture(scope="module")
@@ -148,19 +147,20 @@ def test_metrics_are_the_engine_s_own_step_times(chat_engine):
 
 
 def test_stats_report_the_pool_the_weights_and_the_running_requests(chat_engine, tiny_chat_dir):
-    block_bytes = 4 * kv_bytes_per_token(tiny_chat_dir, 4)  # chat_engine: block_size=4, float32 on a CPU
+    element = element_size(chat_engine.info["dtype"])
+    block_bytes = 4 * kv_bytes_per_token(tiny_chat_dir, element)  # chat_engine has block_size=4
     stream = chat_engine.stream("Paged attention", SamplingParams(max_tokens=400, ignore_eos=True))
     next(stream)
     busy = chat_engine.stats()
     stream.close()
-    resident = psutil.Process().memory_info().rss
+    in_use = memory_in_use(chat_engine.info["device"])
     idle = wait_until_idle(chat_engine)
     assert busy["num_running"] == 1 and busy["kv_cache_used_bytes"] > 0
     assert busy["kv_cache_used_bytes"] % block_bytes == 0
     assert idle["kv_cache_bytes"] == idle["kv_blocks_total"] * block_bytes
     assert (idle["kv_blocks_free"], idle["kv_cache_used_bytes"]) == (idle["kv_blocks_total"], 0)
-    assert idle["weights_bytes"] == checkpoint_bytes(tiny_chat_dir)
-    assert idle["peak_memory_bytes"] >= 0.9 * resident, "peak resident memory, in bytes"
+    assert idle["weights_bytes"] == checkpoint_bytes(tiny_chat_dir) * element // 4  # saved in float32
+    assert idle["peak_memory_bytes"] >= 0.9 * in_use, "the peak, in bytes"
     assert idle["spec_acceptance_rate"] == 0.0, "speculative decoding is off"
     assert chat_engine.step_history(), "steps are recorded for the live charts"
 

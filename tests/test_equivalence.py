@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
-from tests.tiny_models import TINY_ARCHITECTURES, VOCAB, kv_bytes_per_token
+from tests.reference_figures import kv_bytes_per_token
+from tests.tiny_models import TINY_ARCHITECTURES, VOCAB
 
 MAX_TOKENS = 12
 SHARED_PREFIX = [int(t) for t in torch.randint(3, VOCAB, (40,), generator=torch.Generator().manual_seed(1))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, estimate_memory
-from tests.tiny_models import checkpoint_bytes, kv_bytes_per_token
+from tests.reference_figures import checkpoint_bytes, kv_bytes_per_token
 
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 4  # K and V x 2 layers x 2 KV heads x head_dim 16 x float32 (llama-gqa)
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
-    AutoConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -80,24 +78,3 @@ def build_tiny_chat_model(folder: Path, seed: int = 0) -> str:
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     return str(folder)
 
-
-def checkpoint_bytes(folder: str | Path) -> int:
-    """Bytes of every tensor stored in a folder's safetensors files, read from the files themselves.
-
-    An independent count of the weights an engine should report (float32 as saved here).
-    """
-    total = 0
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as checkpoint:
-            for name in checkpoint.keys():
-                tensor = checkpoint.get_tensor(name)
-                total += tensor.numel() * tensor.element_size()
-    return total
-
-
-def kv_bytes_per_token(folder: str | Path, element_size: int) -> int:
-    """K and V of one token over all layers (2 x layers x KV heads x head_dim x element size), from config.json."""
-    config = AutoConfig.from_pretrained(folder)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * element_size
