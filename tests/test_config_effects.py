@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from engine import ConfigError, Engine, EngineConfig, RequestError, SamplingParams
+from tests.engine_waits import wait_for_steps, wait_until_idle
 from tests.reference_figures import checkpoint_bytes, kv_bytes_per_token
 from tests.tiny_models import VOCAB
 
@@ -36,13 +37,6 @@ def run_and_record(engine: Engine, prompts, params: SamplingParams = SHORT):
     started = time.perf_counter()
     outputs = engine.generate(prompts, params)
     return outputs, engine.step_history(since=started)
-
-
-def wait_for_steps(engine: Engine, since: float, count: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(engine.step_history(since=since)) < count:
-        assert time.monotonic() < deadline, f"the engine ran fewer than {count} steps in {timeout} s"
-        time.sleep(0.002)
 
 
 # ---- model, backend, device, dtype, attention ----------------------------------------------------
@@ -123,7 +117,7 @@ def test_block_size_and_kv_cache_bytes_carve_the_pool(tiny_llama_dir, block_size
     prompt = distinct_prompts(1, 10)[0]
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", block_size=block_size,
                              kv_cache_bytes=kv_budget)) as engine:
-        stats = engine.stats()
+        stats = wait_until_idle(engine)
         _, steps = run_and_record(engine, [prompt])
     assert stats["kv_block_size"] == block_size
     assert stats["kv_blocks_total"] == kv_budget // block_bytes

@@ -12,6 +12,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from engine import ConfigError, Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
+from tests.engine_waits import wait_until_idle
 from tests.reference_figures import checkpoint_bytes, element_size, kv_bytes_per_token, memory_in_use
 
 
@@ -19,16 +20,6 @@ from tests.reference_figures import checkpoint_bytes, element_size, kv_bytes_per
 def chat_engine(tiny_chat_dir):
     with Engine(EngineConfig(model=tiny_chat_dir, block_size=4, max_num_seqs=8)) as engine:
         yield engine
-
-
-def wait_until_idle(engine: Engine, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
-            return stats
-        time.sleep(0.01)
-    raise AssertionError("engine did not become idle")
 
 
 def test_stream_yields_the_same_text_as_generate(chat_engine):
