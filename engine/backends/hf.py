@@ -344,9 +344,14 @@ class HFBackend:
                 self._cb_forget(output.request_id)
 
     def _cb_record(self, outputs: list, now: float) -> None:
-        """One step record for the tokens the manager produced since the last drain."""
-        new_tokens = sum(len(output.generated_tokens) - self._cb_delivered[output.request_id]
-                         for output in outputs if output.request_id in self._cb_ids and output.error is None)
+        """One step record for the tokens the manager produced since the last drain.
+
+        A drain can hold several streamed snapshots of one request, each with all its tokens so far:
+        only the latest counts, or the same tokens would be counted once per snapshot.
+        """
+        generated = {output.request_id: len(output.generated_tokens) for output in outputs
+                     if output.request_id in self._cb_ids and output.error is None}
+        new_tokens = sum(count - self._cb_delivered[request_id] for request_id, count in generated.items())
         scheduler = getattr(self.manager.batch_processor, "scheduler", None)
         running = len(getattr(scheduler, "active_requests", {})) if scheduler is not None else len(self._cb_ids)
         self.record_step(now, now - self._last_drain, len(outputs), new_tokens, new_tokens, running)
