@@ -77,4 +77,3 @@ def build_tiny_chat_model(folder: Path, seed: int = 0) -> str:
     config = LlamaConfig(**{**COMMON, "vocab_size": len(tokenizer)}, num_attention_heads=4, num_key_value_heads=2)
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     return str(folder)
-
