@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig, load_preset
+from engine.config import CHOICES, EngineConfig, load_preset
 from engine.core.metrics import describe_device, summarize
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
@@ -101,13 +101,20 @@ def parse_value(text: str):
     return text
 
 
+def parse_setting(key: str, text: str):
+    """A `--set` value for field `key`: one of the field's choices as written (quantization=none), else parsed."""
+    if text.strip() in CHOICES.get(key, ()):
+        return text.strip()
+    return parse_value(text)
+
+
 def parse_sets(items: list[str]) -> dict:
     values = {}
     for item in items:
         if "=" not in item:
             raise EngineError(f"--set expects key=value, got {item!r}")
         key, value = item.split("=", 1)
-        values[key.strip()] = parse_value(value)
+        values[key.strip()] = parse_setting(key.strip(), value)
     return values
 
 

@@ -12,8 +12,17 @@ import json
 import pytest
 import torch
 
-from engine import CHOICES, ConfigError, Engine, EngineConfig, ModelLoadError, SamplingParams, choice_note, \
-    estimate_memory, unavailable_reason
+from engine import (
+    CHOICES,
+    ConfigError,
+    Engine,
+    EngineConfig,
+    ModelLoadError,
+    SamplingParams,
+    choice_note,
+    estimate_memory,
+    unavailable_reason,
+)
 from engine.quant.levels import LEVELS
 from engine.quant.methods import check_level
 from tests.tiny_models import COMMON, build_tiny_model
