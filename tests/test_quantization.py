@@ -23,6 +23,7 @@ from engine import (
     estimate_memory,
     unavailable_reason,
 )
+from engine.gpu_check import agreement
 from engine.quant.levels import LEVELS
 from engine.quant.methods import check_level
 from tests.tiny_models import COMMON, build_tiny_model
@@ -46,13 +47,7 @@ def greedy(engine: Engine, prompts, max_tokens: int = 24) -> list[list[int]]:
 
 def agreeing_fraction(reference: list[list[int]], got: list[list[int]]) -> float:
     """Share of reference tokens produced before each sequence first differs from its reference."""
-    agreeing = 0
-    for ref, out in zip(reference, got, strict=True):
-        for a, b in zip(ref, out, strict=False):
-            if a != b:
-                break
-            agreeing += 1
-    return agreeing / sum(len(ref) for ref in reference)
+    return agreement(reference, got)["agreeing_token_fraction"]
 
 
 @pytest.fixture(scope="module")

@@ -46,34 +46,32 @@ class QuantLevel:
         return dict(self.slow_on).get(device)
 
 
+def _bitsandbytes_4bit(quant_type: str, summary: str) -> QuantLevel:
+    return QuantLevel(quant_type, bnb_levels.LIBRARY, bnb_levels.MODULE, summary,
+                      partial(bnb_levels.make_4bit, quant_type=quant_type), bnb_levels.four_bit_bytes,
+                      partial(bnb_levels.hf_4bit, quant_type=quant_type))
+
+
+def _quanto(weights: str, summary: str, storage_bytes, **options) -> QuantLevel:
+    return QuantLevel(f"quanto-{weights}", quanto_levels.LIBRARY, quanto_levels.MODULE, summary,
+                      partial(quanto_levels.make, weights=weights), storage_bytes,
+                      partial(quanto_levels.hf_config, weights=weights), **options)
+
+
 LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
     QuantLevel("int8", bnb_levels.LIBRARY, bnb_levels.MODULE,
                "LLM.int8: int8 weights, per-row scales, float16 outlier features",
                bnb_levels.make_int8, bnb_levels.int8_bytes, bnb_levels.hf_int8,
                slow_on=(("cpu", "slow on CPU: bitsandbytes quantizes every input row and splits out outliers "
                                 "(about 3x float32's time per token at batch 1 here)"),)),
-    QuantLevel("nf4", bnb_levels.LIBRARY, bnb_levels.MODULE,
-               "4-bit NormalFloat in blocks of 64 (QLoRA's format), compressed statistics",
-               partial(bnb_levels.make_4bit, quant_type="nf4"), bnb_levels.four_bit_bytes,
-               partial(bnb_levels.hf_4bit, quant_type="nf4")),
-    QuantLevel("fp4", bnb_levels.LIBRARY, bnb_levels.MODULE,
-               "4-bit float in blocks of 64, compressed statistics",
-               partial(bnb_levels.make_4bit, quant_type="fp4"), bnb_levels.four_bit_bytes,
-               partial(bnb_levels.hf_4bit, quant_type="fp4")),
-    QuantLevel("quanto-int8", quanto_levels.LIBRARY, quanto_levels.MODULE,
-               "int8 weights, per-row scales",
-               partial(quanto_levels.make, weights="int8"), quanto_levels.eight_bit_bytes,
-               partial(quanto_levels.hf_config, weights="int8"), shape_problem=quanto_levels.int8_shape_problem),
-    QuantLevel("quanto-int4", quanto_levels.LIBRARY, quanto_levels.MODULE,
-               "int4 weights, a scale and shift per group of up to 128 inputs",
-               partial(quanto_levels.make, weights="int4"), quanto_levels.int4_bytes,
-               partial(quanto_levels.hf_config, weights="int4"),
-               slow_on=(("cpu", "very slow on CPU: quanto unpacks the int4 weights on every call "
-                                "(tens of times float32's time per token here)"),)),
-    QuantLevel("quanto-float8", quanto_levels.LIBRARY, quanto_levels.MODULE,
-               "float8 (e4m3) weights, per-row scales",
-               partial(quanto_levels.make, weights="float8"), quanto_levels.eight_bit_bytes,
-               partial(quanto_levels.hf_config, weights="float8")),
+    _bitsandbytes_4bit("nf4", "4-bit NormalFloat in blocks of 64 (QLoRA's format), compressed statistics"),
+    _bitsandbytes_4bit("fp4", "4-bit float in blocks of 64, compressed statistics"),
+    _quanto("int8", "int8 weights, per-row scales", quanto_levels.eight_bit_bytes,
+            shape_problem=quanto_levels.int8_shape_problem),
+    _quanto("int4", "int4 weights, a scale and shift per group of up to 128 inputs", quanto_levels.int4_bytes,
+            slow_on=(("cpu", "very slow on CPU: quanto unpacks the int4 weights on every call "
+                             "(tens of times float32's time per token here)"),)),
+    _quanto("float8", "float8 (e4m3) weights, per-row scales", quanto_levels.eight_bit_bytes),
     QuantLevel("torchao-int8", torchao_levels.LIBRARY, torchao_levels.MODULE,
                "int8 weight-only, per-row scales",
                torchao_levels.make_int8, torchao_levels.int8_bytes, torchao_levels.hf_int8,
