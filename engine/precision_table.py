@@ -1,12 +1,12 @@
 """`python -m engine.precision_table`: what each quantization level and GQA setting costs and buys, one process.
 
 One row per quantization level available on the device (and `none`), then one per KV head count
-the model converts to (the demo target: 8, 4, 2, 1). Each row loads one engine with the same
-`kv_cache_bytes` and measures, in this order: weights bytes (packed storage plus scales), KV bytes
-per token, the KV blocks that fit, batch-1 TTFT and TPOT (requests sent one at a time), output
-throughput with `--concurrency` requests in flight, and perplexity on the demo model's held-out
-text. All rows run in one process on the same requests, so their ratios are comparable on a noisy
-machine; `make gpu-check` produces the same table on a GPU.
+the model converts to (the demo target: 8, 4, 2, 1). Every row's engine is loaded with the same
+`kv_cache_bytes`, then all are timed round-robin on the same requests (median over `--rounds`),
+so a burst of load on a shared machine hits every row alike: weights bytes (packed storage plus
+scales), KV bytes per token, the KV blocks that fit, batch-1 TTFT and TPOT (requests sent one at a
+time), output throughput with `--concurrency` requests in flight, and perplexity on the demo
+model's held-out text. `make gpu-check` produces the same table on a GPU.
 
     python -m engine.precision_table --model demo --json assets/results/cpu/precision.json
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -53,9 +54,10 @@ def row_label(changes: dict) -> str:
     return ", ".join(f"{key}={value}" for key, value in changes.items())
 
 
-def _timed_run(engine, spec: WorkloadSpec, concurrency: int) -> dict:
+def _timed_run(engine, spec: WorkloadSpec, concurrency: int, warm_up: bool) -> dict:
     vocab = engine.info["vocab_size"]
-    send(engine, warmup_workload(spec, vocab), concurrency, 0.0, True, spec.seed)
+    if warm_up:
+        send(engine, warmup_workload(spec, vocab), concurrency, 0.0, True, spec.seed)
     outputs, duration = send(engine, build_workload(spec, vocab), concurrency, 0.0, True, spec.seed)
     failed = [o.error for o in outputs if o.finish_reason == "error"]
     if failed:
@@ -63,27 +65,38 @@ def _timed_run(engine, spec: WorkloadSpec, concurrency: int) -> dict:
     return summarize([o.metrics for o in outputs], duration)
 
 
-def measure_row(base: dict, changes: dict, batch1: WorkloadSpec, concurrent: WorkloadSpec, concurrency: int) -> dict:
-    """Load one configuration and measure everything a row of the table shows."""
+def _load_row(base: dict, changes: dict) -> tuple[object, dict]:
+    """The row's engine and the figures it has once loaded (memory, heads, load time)."""
     from engine import Engine
 
-    config = EngineConfig.from_dict({**base, **changes})
     started = time.perf_counter()
-    with Engine(config) as engine:
-        load_seconds = time.perf_counter() - started
-        single = _timed_run(engine, batch1, 1)
-        many = _timed_run(engine, concurrent, concurrency)
-        quality = engine.perplexity()
-        stats, info = engine.stats(), engine.info
-    gc.collect()
-    return {"row": row_label(changes), **changes, "weights_bytes": stats["weights_bytes"],
-            "kv_bytes_per_token": info["kv_bytes_per_token"], "num_kv_heads": info["num_kv_heads"],
-            "kv_blocks": stats["kv_blocks_total"], "kv_cache_bytes": stats["kv_cache_bytes"],
-            "batch1_ttft_ms": single["mean_ttft_ms"], "batch1_tpot_ms": single["median_tpot_ms"],
-            "concurrent_output_throughput": many["output_throughput"], "concurrent_mean_ttft_ms": many["mean_ttft_ms"],
-            "perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
-            "perplexity_seconds": quality.seconds, "load_seconds": load_seconds, "dtype": info["dtype"],
-            "device": info["device"], "notices": info["notices"]}
+    engine = Engine(EngineConfig.from_dict({**base, **changes}))
+    stats, info = engine.stats(), engine.info
+    return engine, {"weights_bytes": stats["weights_bytes"], "kv_bytes_per_token": info["kv_bytes_per_token"],
+                    "num_kv_heads": info["num_kv_heads"], "kv_blocks": stats["kv_blocks_total"],
+                    "kv_cache_bytes": stats["kv_cache_bytes"], "load_seconds": time.perf_counter() - started,
+                    "dtype": info["dtype"], "device": info["device"], "notices": info["notices"]}
+
+
+def _speed_rounds(engines: dict, results: list[dict], batch1: WorkloadSpec, concurrent: WorkloadSpec,
+                  concurrency: int, rounds: int) -> None:
+    """Round-robin over the loaded rows, so a burst of load on a shared machine hits every row alike."""
+    samples: dict[int, list[tuple[dict, dict]]] = {index: [] for index in engines}
+    for round_index in range(rounds):
+        for index, engine in list(engines.items()):
+            try:
+                samples[index].append((_timed_run(engine, batch1, 1, round_index == 0),
+                                       _timed_run(engine, concurrent, concurrency, round_index == 0)))
+            except Exception as error:  # one broken level must not lose the other rows' measurements
+                results[index]["error"] = f"{type(error).__name__}: {error}"
+                engines.pop(index).close()
+    for index in engines:
+        single, many = zip(*samples[index], strict=True)
+        results[index].update({
+            "batch1_ttft_ms": statistics.median(s["mean_ttft_ms"] for s in single),
+            "batch1_tpot_ms": statistics.median(s["median_tpot_ms"] for s in single),
+            "concurrent_output_throughput": statistics.median(m["output_throughput"] for m in many),
+            "concurrent_mean_ttft_ms": statistics.median(m["mean_ttft_ms"] for m in many), "rounds": rounds})
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -100,16 +113,30 @@ def add_ratios(rows: list[dict]) -> None:
 
 
 def measure_rows(base: dict, rows: list[dict], batch1: WorkloadSpec, concurrent: WorkloadSpec,
-                 concurrency: int) -> list[dict]:
-    """Every row, in order; a row that fails records its error and the table goes on."""
-    results = []
-    for changes in rows:
-        try:
-            result = measure_row(base, changes, batch1, concurrent, concurrency)
-        except Exception as error:  # one broken level must not lose the other rows' measurements
-            result = {"row": row_label(changes), **changes, "error": f"{type(error).__name__}: {error}"}
-        print(format_row(result), flush=True)
-        results.append(result)
+                 concurrency: int, rounds: int = 3) -> list[dict]:
+    """Load every row, time them round-robin (medians over `rounds`), then measure each one's perplexity.
+
+    A row that fails to load or run records its error and the table goes on.
+    """
+    results = [{"row": row_label(changes), **changes} for changes in rows]
+    engines = {}
+    try:
+        for index, changes in enumerate(rows):
+            try:
+                engines[index], figures = _load_row(base, changes)
+                results[index].update(figures)
+            except Exception as error:
+                results[index]["error"] = f"{type(error).__name__}: {error}"
+        _speed_rounds(engines, results, batch1, concurrent, concurrency, rounds)
+        for index, engine in engines.items():
+            quality = engine.perplexity()
+            results[index].update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
+                                   "perplexity_seconds": quality.seconds})
+            print(format_row(results[index]), flush=True)
+    finally:
+        for engine in engines.values():
+            engine.close()
+        gc.collect()
     add_ratios(results)
     return results
 
@@ -149,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all rows (medians are reported)")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--json", type=Path, help="write the rows and the setup here")
     return parser
@@ -172,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                               seed=1)
     print(f"{describe_device()}; torch threads: {torch.get_num_threads()}; {len(rows)} rows, one process")
     print(format_table([]))
-    results = measure_rows(base, rows, batch1, concurrent, args.concurrency)
+    results = measure_rows(base, rows, batch1, concurrent, args.concurrency, args.rounds)
     print()
     print(format_table(results))
     if args.json:
