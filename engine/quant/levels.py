@@ -63,20 +63,23 @@ LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
                "LLM.int8: int8 weights, per-row scales, float16 outlier features",
                bnb_levels.make_int8, bnb_levels.int8_bytes, bnb_levels.hf_int8,
                slow_on=(("cpu", "slow on CPU: bitsandbytes quantizes every input row and splits out outliers "
-                                "(about 3x float32's time per token at batch 1 here)"),)),
+                                "(about 2.5x float32's time per token at batch 1 in our CPU table)"),)),
     _bitsandbytes_4bit("nf4", "4-bit NormalFloat in blocks of 64 (QLoRA's format), compressed statistics"),
     _bitsandbytes_4bit("fp4", "4-bit float in blocks of 64, compressed statistics"),
     _quanto("int8", "int8 weights, per-row scales", quanto_levels.eight_bit_bytes,
-            shape_problem=quanto_levels.int8_shape_problem),
+            shape_problem=quanto_levels.int8_shape_problem,
+            slow_on=(("cpu", "slow on CPU (about 2.6x float32's time per token at batch 1 in our CPU table)"),)),
     _quanto("int4", "int4 weights, a scale and shift per group of up to 128 inputs", quanto_levels.int4_bytes,
-            slow_on=(("cpu", "very slow on CPU: quanto unpacks the int4 weights on every call "
-                             "(tens of times float32's time per token here)"),)),
-    _quanto("float8", "float8 (e4m3) weights, per-row scales", quanto_levels.eight_bit_bytes),
+            slow_on=(("cpu", "slow on CPU: quanto unpacks the int4 weights on every call "
+                             "(about 3x float32's time per token at batch 1 in our CPU table)"),)),
+    _quanto("float8", "float8 (e4m3) weights, per-row scales", quanto_levels.eight_bit_bytes,
+            slow_on=(("cpu", "very slow on CPU: the float8 weights are dequantized on every call "
+                             "(about 7x float32's time per token at batch 1 in our CPU table)"),)),
     QuantLevel("torchao-int8", torchao_levels.LIBRARY, torchao_levels.MODULE,
                "int8 weight-only, per-row scales",
                torchao_levels.make_int8, torchao_levels.int8_bytes, torchao_levels.hf_int8,
                slow_on=(("cpu", "slower on CPU: torchao dequantizes the int8 weights on the fly "
-                                "(about 1.7x float32's time per token at batch 1 here)"),)),
+                                "(about 1.9x float32's time per token at batch 1 in our CPU table)"),)),
     QuantLevel("torchao-int4", torchao_levels.LIBRARY, torchao_levels.MODULE,
                "int4 weight-only, groups of 128, tinygemm's tile-packed layout",
                torchao_levels.make_int4, torchao_levels.int4_bytes, torchao_levels.hf_int4,
