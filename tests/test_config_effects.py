@@ -282,9 +282,7 @@ def test_engine_seed_makes_unseeded_sampling_reproducible(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("settings", [
-    dict(quantization="int8"), dict(quantization="nf4"), dict(quantization="fp4"),
-    dict(speculative="ngram"), dict(speculative="draft", draft_model="demo-draft"),
-    dict(gqa="mha"), dict(gqa=1), dict(tensor_parallel_size=2),
+    dict(speculative="ngram"), dict(speculative="draft", draft_model="demo-draft"), dict(tensor_parallel_size=2),
 ])
 def test_settings_not_built_yet_are_refused(tiny_llama_dir, settings):
     name = next(iter(settings))
