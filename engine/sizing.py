@@ -2,8 +2,12 @@
 
 Why: a server that shares one process between many visitors must refuse a load that would not fit
 its memory budget before the load allocates (and zero-fills) gigabytes, not evict or crash after.
-Weights are counted by building the model on the meta device (no storage), so every architecture
-transformers knows is covered; the KV pool is sized by the same rule the native engine uses.
+The native model is built on the meta device (no storage) with the configuration's quantization
+and GQA conversion, and each quantized layer says what its library will allocate (packed weights
+plus scales); the KV pool is sized by the same rule, and the same converted head count, the native
+engine uses. Other architectures and the hf backend are counted from transformers' own model on
+the meta device, each linear layer transformers quantizes (all but the LM head) at its level's size;
+a pre-quantized checkpoint (GPTQ, AWQ) by its safetensors files, which hold its packed tensors.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from engine.config import EngineConfig
 from engine.hub import load_hf_config, resolve_model_path
@@ -18,23 +23,54 @@ from engine.hub import load_hf_config, resolve_model_path
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes an engine will hold once loaded: its weights and its KV pool."""
+    """Bytes an engine will hold once loaded: its weights and its KV pool (and what one token of KV costs)."""
 
     weights_bytes: int
     kv_cache_bytes: int
+    kv_bytes_per_token: int = 0
+    kv_blocks: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_cache_bytes
 
 
-def count_parameters(hf_config) -> int:
-    """Parameters of the checkpoint's model, counted on the meta device (tied weights once)."""
+def _meta_hf_model(hf_config) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
-    return sum(p.numel() for p in model.parameters())
+        return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
+
+
+def hf_weights_bytes(hf_config, dtype: torch.dtype, quantization: str, device: str) -> int:
+    """Weights of the transformers model at `dtype`, its linear layers but the LM head at `quantization`."""
+    from engine.quant.levels import LEVELS
+
+    model = _meta_hf_model(hf_config)
+    element = torch.empty((), dtype=dtype).element_size()
+    level = LEVELS.get(quantization)
+    output_layer = model.get_output_embeddings()
+    total = 0
+    quantized: set[int] = set()
+    if level is not None:
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module is not output_layer:
+                total += level.storage_bytes(module.out_features, module.in_features, dtype, device)
+                quantized.add(id(module.weight))
+    rest = sum(p.numel() * element for p in model.parameters() if id(p) not in quantized)
+    return total + rest + sum(b.numel() * b.element_size() for b in model.buffers())  # RoPE frequencies
+
+
+def native_weights_bytes(spec, dtype: torch.dtype, quantization: str, device: str) -> int:
+    """Weights of the native model built from `spec`, its linear layers at `quantization`."""
+    from engine.model.linear import BuildContext
+    from engine.model.llama import LlamaForCausalLM
+    from engine.quant.methods import linear_method_factory
+    from engine.quant.storage import planned_weight_bytes
+
+    build = BuildContext(dtype, "meta", linear_method=linear_method_factory(quantization, device, dtype))
+    no_rope = torch.empty(0)
+    return planned_weight_bytes(LlamaForCausalLM(spec, None, build, no_rope, no_rope))
 
 
 def estimate_memory(config: EngineConfig) -> MemoryEstimate:
@@ -42,19 +78,25 @@ def estimate_memory(config: EngineConfig) -> MemoryEstimate:
     from engine.backends.base import resolve_dtype
     from engine.backends.native import resolve_kv_blocks, resolve_max_model_len
     from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
+    from engine.model.weights import safetensors_files
+    from engine.quant.checkpoint import prequantized_method
+    from engine.quant.gqa import convert_spec
     from engine.runner.kv_cache import bytes_per_block
 
     config = config.validate()
-    hf_config = load_hf_config(resolve_model_path(config.model))
+    path = resolve_model_path(config.model)
+    hf_config = load_hf_config(path)
     device = config.resolved_device
     dtype = resolve_dtype(config, hf_config, device)
-    element = torch.empty((), dtype=dtype).element_size()
-    weights = count_parameters(hf_config) * element
     architecture = (getattr(hf_config, "architectures", None) or [""])[0]
+    if prequantized_method(hf_config):
+        return MemoryEstimate(sum(file.stat().st_size for file in safetensors_files(path)), config.kv_cache_bytes or 0)
     if config.backend == "hf" or architecture not in NATIVE_ARCHITECTURES:
+        weights = hf_weights_bytes(hf_config, dtype, config.quantization, device)
         return MemoryEstimate(weights, config.kv_cache_bytes or 0)
-    spec = ModelSpec.from_hf_config(hf_config)
+    spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
     max_model_len = resolve_max_model_len(config, spec)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
     blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device)
-    return MemoryEstimate(weights, blocks * bytes_per_block(spec, block_size, dtype))
+    return MemoryEstimate(native_weights_bytes(spec, dtype, config.quantization, device),
+                          blocks * bytes_per_block(spec, block_size, dtype), bytes_per_block(spec, 1, dtype), blocks)

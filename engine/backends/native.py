@@ -24,10 +24,11 @@ from engine.backends.base import (
     StepRecord,
     kv_budget_bytes,
     resolve_dtype,
+    token_log_probs,
 )
 from engine.config import EngineConfig, flash_attn_available
 from engine.core.block_manager import BlockManager
-from engine.core.metrics import peak_memory_bytes, tensor_bytes
+from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_timing import StepProfiler
@@ -40,13 +41,17 @@ from engine.model.rotary import rope_cos_sin
 from engine.model.sampler import SamplingTensors, sample
 from engine.model.spec import ModelSpec
 from engine.model.weights import load_weights
+from engine.quant.gqa import convert_spec, install_kv_head_conversion
+from engine.quant.methods import linear_method_factory
+from engine.quant.storage import parameter_count, weight_storage_bytes
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
 from engine.runner.profiler import DecodeProfile, summarize_decode
-from engine.runner.step_plan import plan_step
+from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
 
 FLASH_BLOCK_MULTIPLE = 256
+SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request ids are >= 0)
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +112,15 @@ def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, ma
 
 
 def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
-                       max_model_len: int) -> LlamaForCausalLM:
-    """The native model with its checkpoint loaded, in eval mode."""
+                       max_model_len: int, checkpoint_kv_heads: int | None = None) -> LlamaForCausalLM:
+    """The native model with its checkpoint loaded, in eval mode.
+
+    `checkpoint_kv_heads` differs from `spec.num_kv_heads` when `gqa` converts the checkpoint's KV heads.
+    """
     cos, sin = rope_cos_sin(hf_config, max_model_len)
     model = LlamaForCausalLM(spec, attention, build, cos, sin)
+    if checkpoint_kv_heads is not None:
+        install_kv_head_conversion(model, checkpoint_kv_heads)
     load_weights(model, path)
     return model.eval()
 
@@ -120,7 +130,8 @@ class NativeBackend:
 
     def __init__(self, config: EngineConfig, path: Path, hf_config):
         self.device = config.resolved_device
-        self.spec = ModelSpec.from_hf_config(hf_config)
+        checkpoint_spec = ModelSpec.from_hf_config(hf_config)
+        self.spec = convert_spec(checkpoint_spec, config.gqa)
         self.dtype = resolve_dtype(config, hf_config, self.device)
         self.max_model_len = resolve_max_model_len(config, self.spec)
         kernels, kernels_notice = resolve_cpu_kernels(config, self.device, self.dtype)
@@ -130,8 +141,11 @@ class NativeBackend:
                                        self.device)
         torch.manual_seed(config.seed)
         attention = make_attention(attention_name, self.spec.head_dim, self.block_size)
-        build = BuildContext(self.dtype, self.device, cpu_kernels=kernels)
-        self.model = build_native_model(self.spec, hf_config, path, build, attention, self.max_model_len)
+        build = BuildContext(self.dtype, self.device,
+                             linear_method=linear_method_factory(config.quantization, self.device, self.dtype),
+                             cpu_kernels=kernels)
+        self.model = build_native_model(self.spec, hf_config, path, build, attention, self.max_model_len,
+                                        checkpoint_spec.num_kv_heads)
         use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
         self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device,
                                 head_major=attention_name != "flash-attn")
@@ -145,12 +159,14 @@ class NativeBackend:
                                          self.device)
         self.runner = ModelRunner(self.model, self.kv_cache, self.device, attention, self.max_model_len,
                                   decode_graphs)
-        self.weights_bytes = tensor_bytes(self.model)
+        self.weights_bytes = weight_storage_bytes(self.model)
         self.info = BackendInfo(
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device, num_params=sum(p.numel() for p in self.model.parameters()),
+            device=self.device, num_params=parameter_count(self.model),
             vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
-            cpu_kernels=kernels, notices=(kernels_notice,) if kernels_notice else ())
+            quantization=config.quantization, num_kv_heads=self.spec.num_kv_heads,
+            kv_bytes_per_token=bytes_per_block(self.spec, 1, self.dtype), cpu_kernels=kernels,
+            notices=(kernels_notice,) if kernels_notice else ())
         self.steps = 0
         self.profiler = StepProfiler(enabled=self.device == "cpu")
 
@@ -227,6 +243,22 @@ class NativeBackend:
         except Exception as error:
             log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
             request.finish("error", f"{type(error).__name__}: {error}")
+
+    def score(self, token_ids: list[int]) -> torch.Tensor | None:
+        """Log-probabilities of token_ids[1:] given what precedes each, by one prefill of the whole window.
+
+        The window's K/V goes to fresh blocks (never the prefix cache), freed right after; None when
+        the running requests hold too many blocks for it now.
+        """
+        manager = self.block_manager
+        if manager.blocks_needed(len(token_ids)) > manager.num_free_blocks:
+            return None
+        table = manager.allocate_uncached(SCORING_SEQUENCE_ID, len(token_ids))
+        try:
+            logits = self.runner.execute(StepPlan([SequenceChunk(list(token_ids), 0, table, len(token_ids))]))
+        finally:
+            manager.free(SCORING_SEQUENCE_ID)
+        return token_log_probs(logits[:-1], token_ids[1:])
 
     def stats(self) -> BackendStats:
         manager = self.block_manager

@@ -37,12 +37,13 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     block_table: list[int]
+    completes_sequence: bool  # after this step all its tokens have K/V: the last position's logits give the next
     speculative_token_ids: list[int] = field(default_factory=list)
 
-    @property
-    def completes_sequence(self) -> bool:
-        """After this step all its tokens have K/V, so the last position's logits give the next token."""
-        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+    @classmethod
+    def of(cls, request: Request, num_new_tokens: int, block_manager: BlockManager) -> ScheduledRequest:
+        completes = request.num_computed_tokens + num_new_tokens == request.num_tokens
+        return cls(request, num_new_tokens, block_manager.block_table(request.request_id), completes)
 
     @property
     def num_logits(self) -> int:
@@ -101,7 +102,7 @@ class Scheduler:
             if request not in self.running:
                 break
             self.block_manager.grow(request.request_id, target)
-            scheduled.append(ScheduledRequest(request, num_new, self.block_manager.block_table(request.request_id)))
+            scheduled.append(ScheduledRequest.of(request, num_new, self.block_manager))
             budget -= num_new
             index += 1
         return scheduled, budget
@@ -125,7 +126,7 @@ class Scheduler:
             self.running.append(request)
             num_new = min(request.num_tokens - cached, budget)
             if num_new > 0:
-                scheduled.append(ScheduledRequest(request, num_new, self.block_manager.block_table(request.request_id)))
+                scheduled.append(ScheduledRequest.of(request, num_new, self.block_manager))
                 budget -= num_new
 
     def schedule(self) -> list[ScheduledRequest]:

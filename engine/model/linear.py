@@ -80,6 +80,12 @@ def _check_shape(param: torch.Tensor, loaded: torch.Tensor) -> None:
         raise ValueError(f"shape {tuple(loaded.shape)} does not fit the layer's {tuple(param.shape)}")
 
 
+def _check_rows(loaded: torch.Tensor, rows: int, what: str) -> None:
+    """A checkpoint tensor must have exactly the rows its (unsharded) place in the layer has."""
+    if loaded.shape[0] != rows:
+        raise ValueError(f"{what} has {loaded.shape[0]} rows, expected {rows}")
+
+
 class LinearBase(nn.Module):
     """A linear layer of local (per-rank) size `input_size` -> `output_size` and its loader."""
 
@@ -115,27 +121,6 @@ class LinearBase(nn.Module):
         return self.method.apply(self, x, self.bias)
 
 
-class ReplicatedLinear(LinearBase):
-    """The whole layer on every rank."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
-        super().__init__(input_size, output_size, bias, build, prefix)
-
-
-class ColumnParallelLinear(LinearBase):
-    """Outputs split over ranks: rank r computes output rows [r * n / N, (r + 1) * n / N)."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool, build: BuildContext, prefix: str):
-        _, local = build.parallel.split(output_size, f"{prefix} outputs")
-        super().__init__(input_size, local, bias, build, prefix)
-
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
-        start, length = self.parallel.split(loaded.shape[0], f"{self.prefix} outputs")
-        loaded = loaded.narrow(0, start, length)
-        _check_shape(param, loaded)
-        param.data.copy_(loaded)
-
-
 class MergedColumnParallelLinear(LinearBase):
     """Several column-parallel layers with one input stored as one (gate and up: one matmul).
 
@@ -153,6 +138,7 @@ class MergedColumnParallelLinear(LinearBase):
             raise ValueError(f"{self.prefix} has parts {self.shard_ids}, not {shard_id!r}")
         length = self.local_sizes[shard_id]
         offset = sum(self.local_sizes[:shard_id])
+        _check_rows(loaded, length * self.parallel.size, f"{self.prefix} part {shard_id}")
         loaded = loaded.narrow(0, self.parallel.rank * length, length)
         target = param.data.narrow(0, offset, length)
         _check_shape(target, loaded)
@@ -213,9 +199,11 @@ class QKVParallelLinear(LinearBase):
         heads, dim = self.heads, self.heads.head_dim
         if shard_id == "q":
             offset, length, source = 0, self.q_size, self.parallel.rank * self.q_size
+            _check_rows(loaded, heads.num_heads * dim, f"{self.prefix} q")
         elif shard_id in ("k", "v"):
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
             length, source = self.kv_size, heads.first_kv_head * dim
+            _check_rows(loaded, heads.num_kv_heads * dim, f"{self.prefix} {shard_id}")
         else:
             raise ValueError(f"{self.prefix} has parts q, k, v, not {shard_id!r}")
         loaded = loaded.narrow(0, source, length)
@@ -236,6 +224,9 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
         if loaded.dim() == 2:
+            if loaded.shape[1] != self.input_size * self.parallel.size:
+                raise ValueError(f"{self.prefix} has {loaded.shape[1]} inputs, expected "
+                                 f"{self.input_size * self.parallel.size}")
             start, length = self.parallel.split(loaded.shape[1], f"{self.prefix} inputs")
             loaded = loaded.narrow(1, start, length)
         _check_shape(param, loaded)

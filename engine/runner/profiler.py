@@ -102,9 +102,9 @@ def measure_matmul_floor(model, batch_size: int) -> FloorTiming:
     """One step's matrix multiplies alone at `batch_size` rows: every linear layer in order, in the form the
     model computes it (its LinearMethod), then the LM head."""
     layers = [module for module in model.modules() if isinstance(module, LinearBase)]
-    weight = layers[0].weight
-    inputs = [torch.randn(batch_size, layer.input_size, dtype=weight.dtype, device=weight.device) for layer in layers]
-    hidden = torch.randn(batch_size, model.spec.hidden_size, dtype=weight.dtype, device=weight.device)
+    dtype, device = layers[0].build.dtype, layers[0].build.device
+    inputs = [torch.randn(batch_size, layer.input_size, dtype=dtype, device=device) for layer in layers]
+    hidden = torch.randn(batch_size, model.spec.hidden_size, dtype=dtype, device=device)
 
     def lm_head() -> None:
         model.compute_logits(hidden)

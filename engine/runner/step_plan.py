@@ -50,10 +50,6 @@ class StepPlan:
     def num_logits(self) -> int:
         return sum(chunk.num_logits for chunk in self.chunks)
 
-    @property
-    def is_decode_only(self) -> bool:
-        return all(len(chunk.token_ids) == 1 for chunk in self.chunks)
-
 
 def plan_step(scheduled: list[ScheduledRequest]) -> StepPlan:
     """The plan of a scheduled step (the CPU-side preparation every rank's execution starts from)."""

@@ -1,0 +1,162 @@
+"""One caller's request never harms another's; a failed or closed engine leaves nothing behind.
+
+Regression tests for issue 11's engine-side bugs, each reproducible before its fix.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import threading
+import weakref
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine import Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
+from engine.core import detokenizer as detokenizer_module
+from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_chat_dir):
+    with Engine(EngineConfig(model=tiny_chat_dir, block_size=4, max_num_seqs=8)) as shared:
+        yield shared
+
+
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "engine-loop" and t.is_alive()]
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), -1e-9, "1"])
+def test_unusable_temperatures_are_refused_up_front(engine, temperature):
+    with pytest.raises(RequestError, match="temperature"):
+        engine.submit("hi", SamplingParams(temperature=temperature))
+
+
+def test_a_vanishing_temperature_is_greedy(engine):
+    params = dict(max_tokens=12, ignore_eos=True)
+    greedy = engine.generate("The engine", SamplingParams(**params))[0].token_ids
+    tiny = engine.generate("The engine", SamplingParams(temperature=1e-40, **params))[0].token_ids
+    assert tiny == greedy
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(seed=2**64), "seed"), (dict(seed=-(2**63) - 1), "seed"), (dict(seed=1.5), "seed"),
+    (dict(stop=5), "stop"), (dict(stop=["ok", 3]), "stop"), (dict(stop=[""]), "stop"),
+    (dict(stop=["x"] * (MAX_STOP_STRINGS + 1)), "at most"), (dict(stop=["y" * (MAX_STOP_CHARS + 1)]), "at most"),
+    (dict(stop=["\ud800"]), "surrogate"), (dict(top_p=float("nan")), "top_p"), (dict(top_k=True), "top_k"),
+    (dict(max_tokens=True), "max_tokens"), (dict(ignore_eos="yes"), "ignore_eos"),
+])
+def test_bad_sampling_values_get_one_clear_error(engine, params, message):
+    with pytest.raises(RequestError, match=message):
+        engine.submit("hi", SamplingParams(**params))
+
+
+@pytest.mark.parametrize("prompt, message", [
+    (None, "prompt"), ("bad \ud800 text", "surrogate"), ([{"role": "user"}], "content"),
+    ([{"role": "user", "content": 5}], "content"), ([{"content": "hi"}], "role"),
+    ([{"role": "user", "content": "\udfff"}], "surrogate"), ([True, 2], "prompt"), (3.5, "prompt"),
+])
+def test_bad_prompts_get_one_clear_error(engine, prompt, message):
+    with pytest.raises(RequestError, match=message):
+        engine.submit(prompt, SamplingParams(max_tokens=2))
+    with pytest.raises(RequestError):
+        engine.generate(prompt)
+
+
+def test_one_failing_request_does_not_end_its_neighbours(engine, monkeypatch):
+    """A request that breaks while taking its tokens (here: its detokenizer) fails alone; its batch goes on."""
+    real_add = detokenizer_module.IncrementalDetokenizer.add
+
+    def add(self, new_ids, final=False):
+        if "POISON" in self.stop:
+            raise RuntimeError("broken detokenizer")
+        return real_add(self, new_ids, final)
+
+    monkeypatch.setattr(detokenizer_module.IncrementalDetokenizer, "add", add)
+    healthy = [engine.submit(f"healthy request {i}", SamplingParams(max_tokens=30, ignore_eos=True))
+               for i in range(3)]
+    forced = engine.submit("poison", SamplingParams(max_tokens=30, ignore_eos=True, stop=["POISON"]))
+    outputs = [h.result() for h in healthy]
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 30 for o in outputs)
+    bad = forced.result()
+    assert bad.finish_reason == "error" and "broken detokenizer" in bad.error
+    stats = engine.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], "the failed request's blocks were freed"
+
+
+def test_a_failed_start_releases_the_loop_thread_and_the_model(tiny_llama_dir, monkeypatch):
+    before = len(engine_threads())
+    models = []
+    from engine.backends import native
+
+    real_build = native.build_native_model
+
+    def remember(*args, **kwargs):
+        model = real_build(*args, **kwargs)
+        models.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(native, "build_native_model", remember)
+    monkeypatch.setattr(Engine, "_warm_up", lambda self: (_ for _ in ()).throw(ModelLoadError("warm-up broke")))
+    for _ in range(3):
+        with pytest.raises(ModelLoadError, match="warm-up broke"):
+            Engine(EngineConfig(model=tiny_llama_dir))
+    gc.collect()
+    assert len(engine_threads()) == before, "a failed Engine() left its loop thread running"
+    assert models and all(ref() is None for ref in models), "a failed Engine() kept its model alive"
+
+
+def test_the_smallest_context_serves(tiny_llama_dir):
+    with Engine(EngineConfig(model=tiny_llama_dir, max_model_len=4, block_size=4)) as small:
+        output = small.generate([5, 6], SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    assert output.finish_reason == "length" and len(output.token_ids) == 2
+
+
+def test_close_frees_the_model_and_says_so(tiny_llama_dir):
+    engine = Engine(EngineConfig(model=tiny_llama_dir))
+    weights = weakref.ref(next(engine._backend.model.parameters()))
+    cache = weakref.ref(engine._backend.kv_cache.storage)
+    pending = engine.submit([5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.close()
+    output = pending.result()
+    gc.collect()
+    assert weights() is None and cache() is None, "close() left the model or the KV pool alive"
+    assert output.finish_reason in ("aborted", "length")
+    if output.finish_reason == "aborted":
+        assert "closed" in output.error
+    stats = engine.stats()
+    assert stats["closed"] is True and stats["kv_cache_bytes"] == 0
+    with pytest.raises(RequestError, match="closed"):
+        engine.submit([1, 2])
+
+
+def test_streams_ended_by_close_are_aborted_not_cancelled(tiny_llama_dir):
+    engine = Engine(EngineConfig(model=tiny_llama_dir, max_model_len=512))
+    handle = engine.submit([5, 6, 7], SamplingParams(max_tokens=500, ignore_eos=True))
+    next(iter(handle))
+    engine.close()
+    output = handle.result()
+    assert output.finish_reason == "aborted" and output.error == "the engine was closed"
+
+
+def test_a_long_stop_string_does_not_hold_back_the_stream(engine):
+    stop = "z" * MAX_STOP_CHARS
+    deltas = list(engine.stream("The engine", SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop])))
+    text = "".join(d.text for d in deltas)
+    assert "z" * 10 not in text
+    streamed_before_end = "".join(d.text for d in deltas[:-1])
+    assert len(streamed_before_end) >= len(text) - 2, "text was held back until the request ended"
+
+
+def test_the_hf_backend_refuses_pickled_checkpoints(tiny_llama_dir, tmp_path):
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_llama_dir, folder)
+    torch.save(load_file(str(folder / "model.safetensors")), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        Engine(EngineConfig(model=str(folder), backend="hf"))
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        Engine(EngineConfig(model=str(folder), backend="native"))
