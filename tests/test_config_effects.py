@@ -64,7 +64,7 @@ def test_backend_decides_who_serves(tiny_llama_dir):
             second = engine.generate(prefix + [6], SHORT)[0]
             seen[backend] = (engine.info["backend"], engine.info["attention"], first.token_ids,
                              second.metrics.cached_tokens)
-    assert seen["native"][:2] == ("native", "sdpa")
+    assert seen["native"][:2] == ("native", "cpu-kernel")  # auto on a CPU in float32: the engine's kernel
     assert seen["hf"][0] == "hf" and seen["hf"][1].startswith("transformers")
     assert seen["native"][2] == seen["hf"][2]
     assert seen["native"][3] == 64 and seen["hf"][3] == 0
@@ -95,11 +95,11 @@ def test_dtype_sets_weight_and_kv_bytes(tiny_llama_dir, dtype, element_size):
 def test_attention_backend_is_the_one_asked_for(tiny_llama_dir):
     prompts = distinct_prompts(3, 20)
     tokens = {}
-    for attention in ("sdpa", "eager", "auto"):
+    for attention in ("sdpa", "eager", "cpu-kernel", "auto"):
         with Engine(EngineConfig(model=tiny_llama_dir, device="cpu", attention=attention)) as engine:
             tokens[engine.info["attention"]] = [o.token_ids for o in engine.generate(prompts, SHORT)]
-    assert set(tokens) == {"sdpa", "eager"}, "auto resolves to sdpa on a CPU"
-    assert tokens["sdpa"] == tokens["eager"]
+    assert set(tokens) == {"sdpa", "eager", "cpu-kernel"}, "auto resolves to the engine's kernel on a CPU"
+    assert tokens["sdpa"] == tokens["eager"] == tokens["cpu-kernel"]
 
 
 def test_cuda_graphs_only_apply_on_cuda(tiny_llama_dir):
