@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import matmul
+from engine.model.huge_pages import advise_huge_pages
 from engine.model.matmul import plan_matmul
 from engine.model.parallel import SINGLE_PROCESS, ParallelContext
 
@@ -47,8 +48,9 @@ class UnquantizedLinearMethod:
 
     def create_weights(self, layer: LinearBase, input_size: int, output_size: int) -> None:
         build = layer.build
-        layer.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=build.dtype, device=build.device),
-                                    requires_grad=False)
+        weight = torch.empty(output_size, input_size, dtype=build.dtype, device=build.device)
+        advise_huge_pages(weight)
+        layer.weight = nn.Parameter(weight, requires_grad=False)
         layer.matmul_plan = plan_matmul(output_size, input_size, build.dtype, build.device, build.cpu_kernels)
 
     def process_weights_after_loading(self, layer: LinearBase) -> None:
@@ -248,8 +250,9 @@ class VocabParallelEmbedding(nn.Module):
         self.parallel = build.parallel
         self.rows = -(-vocab_size // build.parallel.size)
         self.first_row = build.parallel.rank * self.rows
-        self.weight = nn.Parameter(torch.zeros(self.rows, hidden_size, dtype=build.dtype, device=build.device),
-                                   requires_grad=False)
+        weight = torch.empty(self.rows, hidden_size, dtype=build.dtype, device=build.device)
+        advise_huge_pages(weight)  # the LM head (or the tied embedding) streams through all of it every step
+        self.weight = nn.Parameter(weight.zero_(), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.weight.shard_ids = self.shard_ids
 

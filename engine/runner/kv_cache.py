@@ -3,7 +3,9 @@
 The pool is sized once from `kv_cache_bytes`; blocks are handed out by the BlockManager. It is
 not zero-filled: no attention backend reads a slot before it was written (the paged kernels stop at
 each sequence's length; the padded PyTorch path zeroes what it copied past it), so the operating
-system commits the pool's pages only as blocks are first written, and memory follows the work.
+system commits the pool's pages only as blocks are first written, and memory follows the work. On
+Linux the pool asks for 2 MiB pages (model/huge_pages.py): blocks are scattered, and with 4 KiB
+pages every block attention reads costs a TLB miss.
 
 Two layouts of the same slots: slot-major [slots, kv_heads, head_dim] is what flash-attn's paged
 kernels read; head-major [kv_heads, slots, head_dim] lets the torch backends gather a sequence's
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.model.huge_pages import advise_huge_pages
 from engine.model.spec import ModelSpec
 
 
@@ -32,6 +35,7 @@ class KVCache:
         slots = num_blocks * block_size
         per_layer = (spec.num_kv_heads, slots) if head_major else (slots, spec.num_kv_heads)
         self.storage = torch.empty((2, spec.num_layers, *per_layer, spec.head_dim), dtype=dtype, device=device)
+        advise_huge_pages(self.storage)
         self.layers = [(self.storage[0, layer], self.storage[1, layer]) for layer in range(spec.num_layers)]
 
     @property

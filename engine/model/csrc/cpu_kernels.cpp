@@ -199,6 +199,15 @@ PLAYGROUND_INLINE void attend_row(const PagedShape& s, const float* q_row, float
     const int64_t offset = position0 % s.block_size;
     const int64_t slot0 = static_cast<int64_t>(table[position0 / s.block_size]) * s.block_size + offset;
     const int64_t visible = std::min({limit - position0, step, s.block_size - offset});
+    const int64_t next = position0 + step;
+    if (next < limit) {  // blocks lie anywhere in the pool: fetch the next keys and values while these compute
+      const int64_t next_slot = static_cast<int64_t>(table[next / s.block_size]) * s.block_size + next % s.block_size;
+      const int64_t next_count = std::min({limit - next, step, s.block_size - next % s.block_size});
+      for (int64_t line = 0; line < next_count * dim; line += 16) {
+        __builtin_prefetch(k_head + next_slot * dim + line, 0, 3);
+        __builtin_prefetch(v_head + next_slot * dim + line, 0, 3);
+      }
+    }
     vec16 scores = row_scores<CHUNKS>(row, k_head + slot0 * dim, visible, dim) * score_scale;
     scores = lane_index < static_cast<float>(visible) ? scores : splat(kNegInf);
     row_update<CHUNKS>(row, scores, v_head + slot0 * dim, visible, dim);
