@@ -1,14 +1,14 @@
-"""Ask Linux to back the large buffers a decode step streams through (weights, the KV pool) with 2 MiB pages.
+"""Ask Linux to back the weights a decode step streams through with 2 MiB pages.
 
-A decode step reads every weight and every cached K/V block once. With 4 KiB pages the pool's
-blocks, scattered over the pool, each cost a TLB miss and a page walk the hardware prefetcher does
-not hide; weights streamed in order cost one per 4 KiB. Measured on the development CPU (one
-thread): the paged-attention kernel at batch 64 and 200 tokens of context took 2.1 ms instead of
-2.9 over 4 KiB pages, every matmul of a batch-1 step of random-llama-20m 1.87 ms instead of 2.00.
-Linux's default transparent-huge-page mode ("madvise") gives huge pages only to memory that asks
-(MADV_HUGEPAGE) before it is first touched, which `advise_huge_pages` does for the 2 MiB-aligned
-interior of a freshly allocated CPU tensor. Pages are still committed only when first written.
-Elsewhere (not Linux, a GPU tensor, a small tensor) it does nothing.
+Every decode step reads every weight once, in order; with 4 KiB pages that is a TLB miss per
+4 KiB. Measured on the development CPU (one thread), every matmul of a batch-1 step of
+random-llama-20m took 1.87 ms over 2 MiB pages instead of 2.00 ms. Linux's default
+transparent-huge-page mode ("madvise") gives huge pages only to memory that asks (MADV_HUGEPAGE)
+before it is first touched, which `advise_huge_pages` does for the 2 MiB-aligned interior of a
+freshly allocated CPU tensor; weights are written once, at load, so the kernel's work of zeroing
+(and compacting for) each huge page is paid there. The KV pool does not ask: its pages are first
+written during serving, where those stalls cost more than the faster reads gain (runner/kv_cache.py).
+Elsewhere (not Linux, a GPU tensor, a small tensor) this does nothing.
 """
 
 from __future__ import annotations

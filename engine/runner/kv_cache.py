@@ -3,9 +3,11 @@
 The pool is sized once from `kv_cache_bytes`; blocks are handed out by the BlockManager. It is
 not zero-filled: no attention backend reads a slot before it was written (the paged kernels stop at
 each sequence's length; the padded PyTorch path zeroes what it copied past it), so the operating
-system commits the pool's pages only as blocks are first written, and memory follows the work. On
-Linux the pool asks for 2 MiB pages (model/huge_pages.py): blocks are scattered, and with 4 KiB
-pages every block attention reads costs a TLB miss.
+system commits the pool's pages only as blocks are first written, and memory follows the work. The
+pool keeps 4 KiB pages: with 2 MiB pages (model/huge_pages.py) attention over a warm pool was 1.3x
+faster, but each first write into a 2 MiB region stalled on the kernel zeroing (and compacting for)
+it: a fresh batch-64 run of random-llama-20m lost more in KV writes (1.3 ms a step) than attention
+gained (0.6 ms).
 
 Two layouts of the same slots: slot-major [slots, kv_heads, head_dim] is what flash-attn's paged
 kernels read; head-major [kv_heads, slots, head_dim] lets the torch backends gather a sequence's
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.huge_pages import advise_huge_pages
 from engine.model.spec import ModelSpec
 
 
@@ -35,7 +36,6 @@ class KVCache:
         slots = num_blocks * block_size
         per_layer = (spec.num_kv_heads, slots) if head_major else (slots, spec.num_kv_heads)
         self.storage = torch.empty((2, spec.num_layers, *per_layer, spec.head_dim), dtype=dtype, device=device)
-        advise_huge_pages(self.storage)
         self.layers = [(self.storage[0, layer], self.storage[1, layer]) for layer in range(spec.num_layers)]
 
     @property
