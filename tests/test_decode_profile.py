@@ -28,8 +28,9 @@ def test_profile_relates_decode_steps_to_their_floor(tiny_llama_dir):
     assert profile.steps >= 10 and profile.mean_batch_size == pytest.approx(6, abs=1)
     assert 30 < profile.mean_context_len < 42
     assert 0 < profile.lm_head_floor_ms < profile.floor_ms
-    assert profile.floor_ratio == pytest.approx(profile.step_ms / profile.floor_ms)
-    assert profile.cpu_floor_ratio == pytest.approx(profile.cpu_step_ms / profile.cpu_floor_ms)
+    # medians of per-step ratios: close to the ratio of the medians when the batch hardly changes
+    assert profile.floor_ratio == pytest.approx(profile.step_ms / profile.floor_ms, rel=0.25)
+    assert profile.cpu_floor_ratio == pytest.approx(profile.cpu_step_ms / profile.cpu_floor_ms, rel=0.25)
     assert sum(profile.shares.values()) == pytest.approx(1.0)
     assert {"attention", "kv_write", "lm_head", "sample", "schedule", "layers"} <= set(profile.shares)
     assert "kv_gather" not in profile.shares  # the paged kernel reads the pool in place

@@ -38,8 +38,9 @@ SECTION_LABELS = {
 class DecodeProfile:
     """The recent decode-only steps of one engine against their matmul floor (times in milliseconds).
 
-    `floor_ms` is the mean, over the same steps, of the matrix multiplies alone at each step's batch
-    size (`lm_head_floor_ms` its LM-head part). `shares` are fractions of the mean step time; "layers"
+    `step_ms` is the median decode step; `floor_ms` the median, over the same steps, of the matrix
+    multiplies alone at each step's batch size (`lm_head_floor_ms` its LM-head part); `floor_ratio` the
+    median of each step's time over its own floor. `shares` are fractions of the steps' total time; "layers"
     is what the timed sections leave (the decoder layers' matmuls, norms, rotary embedding and
     activations). The `cpu_` figures are the same in process CPU time and `thread_shares` the shares in
     the loop thread's CPU time: other processes on the machine do not inflate them, and with one torch
@@ -140,28 +141,32 @@ def _interpolate(points: dict[int, float], x: int) -> float:
 
 
 def summarize_decode(steps: list[StepTiming], model) -> DecodeProfile | None:
-    """The decode profile of `steps` with their matmul floor measured now (None without decode steps)."""
+    """The decode profile of `steps` with their matmul floor measured now (None without decode steps).
+
+    Times are medians (of the steps, of each step's floor at its batch size, of the per-step ratios), so
+    that a few steps slowed by another process on the machine do not decide the figures.
+    """
     if not steps:
         return None
     measured = {size: measure_matmul_floor(model, size) for size in _floor_batch_sizes([s.batch_size for s in steps])}
 
-    def mean_floor(attribute: str) -> float:
+    def floors(attribute: str) -> list[float]:
         points = {size: getattr(timing, attribute) for size, timing in measured.items()}
-        return sum(_interpolate(points, step.batch_size) for step in steps) / len(steps)
+        return [_interpolate(points, step.batch_size) for step in steps]
 
+    floor, cpu_floor = floors("seconds"), floors("cpu_seconds")
     count = len(steps)
-    wall = sum(step.seconds for step in steps) / count
-    cpu = sum(step.cpu_seconds for step in steps) / count
-    floor, cpu_floor = mean_floor("seconds"), mean_floor("cpu_seconds")
-    shares = _shares(steps, "sections", "seconds")
-    thread_shares = _shares(steps, "thread_sections", "thread_seconds")
+    median = statistics.median
     return DecodeProfile(
         steps=count, mean_batch_size=sum(step.batch_size for step in steps) / count,
         mean_context_len=sum(step.context_tokens for step in steps) / sum(step.batch_size for step in steps),
-        step_ms=1e3 * wall, floor_ms=1e3 * floor, lm_head_floor_ms=1e3 * mean_floor("lm_head_seconds"),
-        floor_ratio=wall / floor, cpu_step_ms=1e3 * cpu, cpu_floor_ms=1e3 * cpu_floor,
-        cpu_floor_ratio=cpu / cpu_floor, minor_faults_per_step=sum(step.minor_faults for step in steps) / count,
-        shares=shares, thread_shares=thread_shares)
+        step_ms=1e3 * median(step.seconds for step in steps), floor_ms=1e3 * median(floor),
+        lm_head_floor_ms=1e3 * median(floors("lm_head_seconds")),
+        floor_ratio=median(step.seconds / f for step, f in zip(steps, floor, strict=True)),
+        cpu_step_ms=1e3 * median(step.cpu_seconds for step in steps), cpu_floor_ms=1e3 * median(cpu_floor),
+        cpu_floor_ratio=median(step.cpu_seconds / f for step, f in zip(steps, cpu_floor, strict=True)),
+        minor_faults_per_step=sum(step.minor_faults for step in steps) / count,
+        shares=_shares(steps, "sections", "seconds"), thread_shares=_shares(steps, "thread_sections", "thread_seconds"))
 
 
 def _shares(steps: list[StepTiming], sections: str, total: str) -> dict[str, float]:
