@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 HISTORY_STEPS = 4096
 # Sections timed inside a step, in the order a profile lists them.
-SECTIONS = ("schedule", "prepare", "attention", "kv_write", "kv_gather", "lm_head", "sample", "deliver")
+SECTIONS = ("schedule", "prepare", "fused_layers", "attention", "kv_write", "kv_gather", "lm_head", "sample", "deliver")
 
 _active = threading.local()
 _NO_SECTION = nullcontext()

@@ -1,12 +1,14 @@
 """Executing a `StepPlan` on the native model: tensors in, logits out.
 
 All of a step's new tokens form one flat batch, so the linear layers (most of the FLOPs) run as
-one matmul over every sequence. The step is described once (`StepBatch`: positions, slots, block
-tables, lengths), built with tensor operations from the plan's lists and from block tables kept
-across steps (`BlockTables`), and each attention backend derives what its layers read from it.
-Logits are computed only at the positions the plan scores (a chunk in the middle of a prompt
-needs none), which skips the LM head for most prefill tokens. Sampling is not done here: on a
-tensor-parallel setup every rank executes the same plan, and only the engine samples.
+one matmul over every sequence; a decode step of a few sequences runs its decoder layers in one
+kernel call where the model allows it (model/fused_decode.py). The step is described once
+(`StepBatch`: positions, slots, block tables, lengths), built with tensor operations from the
+plan's lists and from block tables kept across steps (`BlockTables`), and each attention backend
+derives what its layers read from it. Logits are computed only at the positions the plan scores
+(a chunk in the middle of a prompt needs none), which skips the LM head for most prefill tokens.
+Sampling is not done here: on a tensor-parallel setup every rank executes the same plan, and only
+the engine samples.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from engine.core.step_timing import section
 from engine.model.attention import StepBatch
+from engine.model.fused_decode import FusedDecode, supports_fused_decode
 from engine.model.llama import LlamaForCausalLM
 from engine.runner.block_tables import BlockTables
 from engine.runner.cuda_graphs import DecodeGraphs
@@ -36,6 +39,7 @@ class ModelRunner:
         self.attention = attention
         self.decode_graphs = decode_graphs
         self.block_tables = BlockTables(-(-max_model_len // self.block_size), device)
+        self.fused_decode = FusedDecode(model) if supports_fused_decode(model) else None
 
     def _tensor(self, values, dtype=torch.long) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -93,6 +97,9 @@ class ModelRunner:
         if graphs is not None and meta.flash["decode_only"] and graphs.fits(len(plan.chunks)):
             hidden = graphs.run(input_ids, positions, meta.slot_mapping, meta.flash["seqlens_k"],
                                 meta.flash["block_table"])
+        elif self.fused_decode is not None and self.fused_decode.applies(meta.batch):
+            with section("fused_layers"):
+                hidden = self.fused_decode(input_ids, positions, self.kv_cache.layers, meta.batch)
         else:
             hidden = self.model(input_ids, positions, self.kv_cache.layers, meta)
         with section("lm_head"):

@@ -24,6 +24,7 @@ MAX_FLOOR_BATCH_SIZES = 12
 SECTION_LABELS = {
     "schedule": "scheduling (who runs, the plan)",
     "prepare": "step tensors and attention metadata",
+    "fused_layers": "decoder layers as one kernel call (<= 8 sequences: matmuls, attention, KV writes)",
     "attention": "attention (reads cached K/V)",
     "kv_write": "KV writes into the pool",
     "kv_gather": "KV gathers into padded copies",

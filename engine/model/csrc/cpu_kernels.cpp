@@ -564,6 +564,72 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   return y;
 }
 
+// ---- a whole small-batch decode step's decoder layers in one call ----
+//
+// At a few sequences a decode step of a small model is mostly the fixed cost of calling ~15 operators per
+// layer from Python. This runs the same operators, in the same order, as the Python layers do with these
+// kernels (so it computes the same numbers), for every layer and the final norm, in one call.
+// `layers` holds kLayerTensors entries per layer (see below; absent ones are None); `caches` K then V per layer.
+
+constexpr int64_t kLayerTensors = 10;
+enum LayerTensor { kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kOut, kOutBias, kPostNorm, kGateUp, kDown };
+
+std::optional<at::Tensor> layer_tensor(const c10::List<std::optional<at::Tensor>>& layers, int64_t layer,
+                                       LayerTensor which) {
+  return layers.get(layer * kLayerTensors + which);
+}
+
+at::Tensor required(const std::optional<at::Tensor>& t, const char* name) {
+  TORCH_CHECK(t.has_value() && t->defined(), name, " is required");
+  return *t;
+}
+
+at::Tensor decode_layers(const at::Tensor& embedded, const at::Tensor& cos, const at::Tensor& sin,
+                         const c10::List<std::optional<at::Tensor>>& layers, const at::Tensor& final_norm,
+                         const std::vector<at::Tensor>& caches, const at::Tensor& slot_mapping,
+                         const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, int64_t block_size, double eps, double scale) {
+  const int64_t num_layers = static_cast<int64_t>(layers.size()) / kLayerTensors;
+  TORCH_CHECK(static_cast<int64_t>(layers.size()) == num_layers * kLayerTensors &&
+              static_cast<int64_t>(caches.size()) == 2 * num_layers, "one set of tensors and caches per layer");
+  const int64_t tokens = embedded.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const at::Tensor query_start = at::arange(tokens, context_lens.options());
+  const at::Tensor query_len = at::ones_like(context_lens);
+  at::Tensor hidden = embedded.contiguous();
+  at::Tensor normed;
+  for (int64_t l = 0; l < num_layers; ++l) {
+    auto get = [&](LayerTensor which) { return layer_tensor(layers, l, which); };
+    normed = l == 0 ? rms_norm(hidden, required(get(kInputNorm), "input norm"), eps) : normed;
+    const at::Tensor qkv = small_batch_linear(normed, required(get(kQkv), "qkv weight"), get(kQkvBias));
+    at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
+    at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
+    const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
+    if (get(kQNorm).has_value()) {
+      q = rms_norm(q, *get(kQNorm), eps);
+      k = rms_norm(k, required(get(kKNorm), "k norm"), eps);
+    }
+    rotary_(q, k, cos, sin);
+    at::Tensor k_cache = caches[2 * l], v_cache = caches[2 * l + 1];
+    store_kv(k, v, k_cache, v_cache, slot_mapping);
+    at::Tensor attended = at::empty({tokens, num_heads, head_dim}, qkv.options());
+    paged_attention(q, k_cache, v_cache, block_tables, query_start, query_len, context_lens, block_size, scale,
+                    attended);
+    const at::Tensor out = small_batch_linear(attended.view({tokens, q_size}), required(get(kOut), "o weight"),
+                                              get(kOutBias));
+    auto [post_normed, residual] = add_rms_norm(out, hidden, required(get(kPostNorm), "post norm"), eps);
+    const at::Tensor mlp = small_batch_linear(silu_mul(small_batch_linear(post_normed, required(get(kGateUp),
+                                              "gate/up weight"), std::nullopt)), required(get(kDown), "down weight"),
+                                              std::nullopt);
+    if (l + 1 < num_layers) {  // the next layer's input norm takes this layer's residual sum with it
+      std::tie(normed, hidden) = add_rms_norm(mlp, residual, required(layer_tensor(layers, l + 1, kInputNorm),
+                                                                       "input norm"), eps);
+    } else {
+      hidden = residual + mlp;
+    }
+  }
+  return rms_norm(hidden, final_norm, eps);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(playground_cpu, m) {
@@ -575,6 +641,9 @@ TORCH_LIBRARY(playground_cpu, m) {
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+  m.def("decode_layers(Tensor embedded, Tensor cos, Tensor sin, Tensor?[] layers, Tensor final_norm, "
+        "Tensor(a!)[] caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, "
+        "int num_kv_heads, int head_dim, int block_size, float eps, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(playground_cpu, CPU, m) {
@@ -585,4 +654,5 @@ TORCH_LIBRARY_IMPL(playground_cpu, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("rotary_", &rotary_);
   m.impl("store_kv", &store_kv);
+  m.impl("decode_layers", &decode_layers);
 }

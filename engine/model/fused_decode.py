@@ -1,0 +1,74 @@
+"""Small-batch decode steps of the Llama decoder as one call of the engine's CPU kernels.
+
+With up to `SMALL_BATCH_MAX_ROWS` sequences, a decode step of a small model costs more in calling
+some fifteen operators per layer from Python (module calls, argument parsing, dispatch) than in
+the operators themselves: the demo model's six layers spend about as long there as in their
+matmuls. `decode_layers` (csrc/cpu_kernels.cpp) runs the same kernels in the same order as the
+model's layers do with `cpu_kernels` on, so it gives the same numbers, for every layer and the
+final norm, in one call; the embedding and the LM head stay in Python.
+
+It applies only where those kernels are what the layers would run: a float32 model on a CPU with
+the kernels loaded, one tensor-parallel rank, unquantized linear layers, the `cpu-kernel` attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model.attention import CpuPagedAttention, StepBatch
+from engine.model.linear import UnquantizedLinearMethod
+from engine.model.llama import LlamaForCausalLM
+from engine.model.matmul import SMALL_BATCH_MAX_ROWS
+
+
+def _layer_tensors(layer) -> list[torch.Tensor | None]:
+    """The ten tensors `decode_layers` takes per layer, in its order (None where the model has none)."""
+    attention = layer.self_attn
+    return [layer.input_layernorm.weight, attention.qkv_proj.weight, attention.qkv_proj.bias,
+            attention.q_norm.weight if attention.qk_norm else None,
+            attention.k_norm.weight if attention.qk_norm else None,
+            attention.o_proj.weight, attention.o_proj.bias, layer.post_attention_layernorm.weight,
+            layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight]
+
+
+def supports_fused_decode(model: LlamaForCausalLM) -> bool:
+    """Whether every layer computes with the kernels `decode_layers` runs."""
+    layers = model.model.layers
+    linears = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                               layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    norms = [model.model.norm] + [n for layer in layers for n in (layer.input_layernorm,
+                                                                  layer.post_attention_layernorm)]
+    return (all(isinstance(m.method, UnquantizedLinearMethod) and m.matmul_plan.small_batch_kernel
+                and m.parallel.size == 1 for m in linears)
+            and all(n.fused for n in norms) and all(layer.self_attn.fused and layer.mlp.fused for layer in layers)
+            and all(isinstance(layer.self_attn.attention, CpuPagedAttention) for layer in layers))
+
+
+class FusedDecode:
+    """Runs a small-batch decode step's decoder layers in one kernel call (see the module docstring)."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        self.model = model
+        self.layers = [t for layer in model.model.layers for t in _layer_tensors(layer)]
+        spec = model.spec
+        attention = model.model.layers[0].self_attn
+        self.shape = (attention.heads.local_heads, attention.heads.local_kv_heads, spec.head_dim)
+        self.eps = spec.rms_norm_eps
+        self.scale = attention.attention.scale
+        self.block_size = attention.attention.block_size
+
+    @staticmethod
+    def applies(batch: StepBatch) -> bool:
+        return batch.decode_only and len(batch.query_lens) <= SMALL_BATCH_MAX_ROWS
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, batch: StepBatch) -> torch.Tensor:
+        """Final (normed) hidden states [sequences, hidden] of a decode step; K/V go into `kv_caches`."""
+        model = self.model
+        embedded = model.model.embed_tokens(input_ids)
+        cos = model.rope_cos[positions].to(embedded.dtype)
+        sin = model.rope_sin[positions].to(embedded.dtype)
+        caches = [cache for pair in kv_caches for cache in pair]
+        heads, kv_heads, head_dim = self.shape
+        return torch.ops.playground_cpu.decode_layers(
+            embedded, cos, sin, self.layers, model.model.norm.weight, caches, batch.slot_mapping,
+            batch.block_tables, batch.context_lens, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)
