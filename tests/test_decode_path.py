@@ -127,6 +127,9 @@ def test_kernel_settings_are_checked_and_resolved(tiny_llama_dir):
     assert "CPU" in unavailable_reason("attention", "cpu-kernel", device="cuda")
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as engine:
         assert engine.info["attention"] == "cpu-kernel" and engine.info["cpu_kernels"]
+    with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", cpu_kernels=False)) as engine:
+        assert engine.info["attention"] == "sdpa" and not engine.info["cpu_kernels"]
+        assert not engine.info["notices"]  # turned off on purpose: nothing to explain
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="bfloat16")) as engine:
         assert engine.info["attention"] == "sdpa" and not engine.info["cpu_kernels"]
         assert any("float32" in notice for notice in engine.info["notices"])
@@ -154,3 +157,49 @@ def test_kv_memory_fraction_sizes_the_default_pool(tiny_llama_dir):
     one_sequence = 256 // stats["kv_block_size"]
     assert stats["kv_blocks_total"] == one_sequence  # the budget is tiny: the floor of one full sequence
     assert estimate_memory(config).kv_cache_bytes == stats["kv_cache_bytes"]
+
+
+def decode_plan(backend: NativeBackend, prompts: list[list[int]]) -> StepPlan:
+    """Prefill `prompts` into fresh blocks, then the plan of one decode step for all of them."""
+    manager = backend.block_manager
+    chunks = []
+    for seq_id, prompt in enumerate(prompts, start=1):
+        manager.allocate(seq_id, prompt + [0])
+        table = manager.block_table(seq_id)
+        backend.runner.execute(StepPlan([SequenceChunk(prompt, 0, list(table), 0, seq_id=seq_id)]))
+        chunks.append(SequenceChunk([7 + seq_id], len(prompt), list(table), 1, seq_id=seq_id))
+    return StepPlan(chunks)
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "qwen2-qkv-bias", "qwen3-qk-norm", "llama-mqa-tied"])
+def test_fused_small_batch_decode_computes_what_the_layers_compute(arch, tiny_model_dirs):
+    backend = native_backend(tiny_model_dirs[arch], block_size=4)
+    try:
+        assert backend.runner.fused_decode is not None
+        with torch.inference_mode():
+            plan = decode_plan(backend, [PROMPTS[2], PROMPTS[3], PROMPTS[0]])
+            fused = backend.runner.execute(plan)
+            backend.runner.fused_decode = None
+            layered = backend.runner.execute(plan)  # the same step again, layer by layer (same slots rewritten)
+    finally:
+        backend.close()
+    assert torch.equal(fused, layered)
+
+
+@pytest.mark.parametrize("settings", [dict(cpu_kernels=False), dict(attention="sdpa"),
+                                      dict(quantization="torchao-int8")])
+def test_fused_decode_only_where_the_kernels_are_what_the_layers_run(settings, tiny_llama_dir):
+    backend = native_backend(tiny_llama_dir, **settings)
+    try:
+        assert backend.runner.fused_decode is None
+    finally:
+        backend.close()
+
+
+def test_more_sequences_than_the_fused_path_takes_still_match_transformers(tiny_llama_dir):
+    """Twelve sequences decode together: the layer-by-layer kernel path (the fused one stops at eight)."""
+    prompts = [prompt + [9] for prompt in PROMPTS] + [[3 + i] * (5 + i) for i in range(5)]
+    with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", max_num_seqs=16)) as engine:
+        outputs = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        assert max(step.batch_size for step in engine.step_history()) == 12
+    assert [o.token_ids for o in outputs] == hf_greedy(tiny_llama_dir, prompts, MAX_TOKENS)
