@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,48 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def tensor_parallel_reason(size, device: str = "auto", num_heads: int | None = None,
+                           num_kv_heads: int | None = None, intermediate_size: int | None = None) -> str | None:
+    """Why `size` tensor-parallel ranks cannot run here (and, given its shapes, for this model), or None.
+
+    Each rank needs a device of its own: a GPU, or on a CPU at least one core (ranks that share a
+    core stall at every all-reduce until the descheduled one runs again). Query heads, the MLP and
+    KV heads must split evenly (fewer KV heads than ranks are replicated, as vLLM does): checked
+    when the head counts are given, e.g. once the model's config is read.
+    """
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return "must be a positive number of worker processes"
+    if size == 1:
+        return None
+    if resolve_device(device) == "cuda":
+        count = torch.cuda.device_count()
+        if size > count:
+            return f"{size} ranks need {size} CUDA devices (one per rank); {count} visible"
+    elif size > cpu_cores():
+        return (f"{size} ranks need {size} CPU cores (one per rank); this machine has {cpu_cores()}, and ranks "
+                "sharing a core would stall every all-reduce")
+    if num_heads is None:
+        return None
+    from engine.model.linear import HeadLayout
+    from engine.model.parallel import ParallelContext
+
+    shard = ParallelContext(0, size)
+    try:  # the layers' own rules, so the message matches what loading would hit
+        HeadLayout(num_heads, num_kv_heads or num_heads, 1, shard)
+        if intermediate_size is not None:
+            shard.split(intermediate_size, "the MLP width")
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def unavailable_reason(field_name: str, value, device: str = "auto") -> str | None:
     """Why `field_name=value` cannot be used on this host with this engine, or None if it can.
 
@@ -70,8 +113,8 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
         return f"speculative decoding ({value}) is {_NOT_BUILT_YET}"
     if field_name == "gqa" and value != "native":
         return f"GQA conversion is {_NOT_BUILT_YET}"
-    if field_name == "tensor_parallel_size" and value != 1:
-        return f"tensor parallelism is {_NOT_BUILT_YET}"
+    if field_name == "tensor_parallel_size":
+        return tensor_parallel_reason(value, device)
     return None
 
 
@@ -148,6 +191,12 @@ class EngineConfig:
                               "turn prefix_caching off for the contiguous layout")
         if self.speculative == "draft" and not self.draft_model:
             raise ConfigError("speculative='draft' needs draft_model")
+        if self.tensor_parallel_size > 1 and self.backend == "hf":
+            raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
+                              "process (use backend='native' or 'auto')")
+        if self.tensor_parallel_size > 1 and self.speculative != "off":
+            raise ConfigError("speculative decoding with tensor_parallel_size > 1 is not supported yet; use one "
+                              "of them at a time")
         for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:

@@ -92,6 +92,9 @@ class Engine:
         if config.backend == "native" and not native_ok:
             raise ModelLoadError(f"architecture {architecture} is not covered by the native engine "
                                  f"(it runs {', '.join(NATIVE_ARCHITECTURES)}); use backend='hf'")
+        if config.tensor_parallel_size > 1 and not native_ok:
+            raise ModelLoadError(f"tensor parallelism shards the native engine's model, which does not cover "
+                                 f"{architecture}")
         if config.backend == "auto":
             config = dataclasses.replace(config, backend="native" if native_ok else "hf")
             if not native_ok:

@@ -49,6 +49,7 @@ class BackendInfo:
     vocab_size: int
     max_model_len: int
     cuda_graphs: bool = False
+    tensor_parallel_size: int = 1
     notices: tuple[str, ...] = ()
 
 
@@ -71,6 +72,17 @@ class BackendStats:
     peak_memory_bytes: int
     steps: int
     notes: list[str] = field(default_factory=list)
+    # Tensor parallelism (one entry per rank; a single-process engine is one rank). `executor_seconds` is the
+    # time spent running model steps, `collective_seconds` rank 0's part of it inside all-reduce / all-gather
+    # (waiting for slower ranks included), and `collective_share` their ratio.
+    tensor_parallel_size: int = 1
+    rank_pids: list[int] = field(default_factory=list)
+    rank_weights_bytes: list[int] = field(default_factory=list)
+    rank_kv_cache_bytes: list[int] = field(default_factory=list)
+    rank_collective_seconds: list[float] = field(default_factory=list)
+    executor_seconds: float = 0.0
+    collective_seconds: float = 0.0
+    collective_share: float = 0.0
 
 
 class Backend(Protocol):

@@ -25,22 +25,16 @@ from engine.backends.base import (
     kv_budget_bytes,
     resolve_dtype,
 )
-from engine.config import EngineConfig, flash_attn_available
+from engine.config import EngineConfig, flash_attn_available, tensor_parallel_reason
 from engine.core.block_manager import BlockManager
-from engine.core.metrics import peak_memory_bytes, tensor_bytes
+from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.errors import ConfigError
-from engine.model.attention import make_attention
-from engine.model.linear import BuildContext
-from engine.model.llama import LlamaForCausalLM
-from engine.model.rotary import rope_cos_sin
 from engine.model.sampler import SamplingTensors, sample
 from engine.model.spec import ModelSpec
-from engine.model.weights import load_weights
-from engine.runner.cuda_graphs import DecodeGraphs
-from engine.runner.kv_cache import KVCache, bytes_per_block
-from engine.runner.model_runner import ModelRunner
+from engine.runner.build import RunnerSettings, count_native_parameters, kv_block_bytes
+from engine.runner.executor import make_executor
 from engine.runner.step_plan import plan_step
 
 FLASH_BLOCK_MULTIPLE = 256
@@ -75,10 +69,21 @@ def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype) -> 
     return config.attention
 
 
+def check_tensor_parallel(config: EngineConfig, spec: ModelSpec) -> None:
+    """Refuse a tensor-parallel size this model's heads and MLP cannot be split over."""
+    reason = tensor_parallel_reason(config.tensor_parallel_size, config.device, spec.num_heads, spec.num_kv_heads,
+                                    spec.intermediate_size)
+    if reason:
+        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
+
+
 def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, max_model_len: int,
                       dtype: torch.dtype, device: str) -> int:
-    """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset."""
-    block_bytes = bytes_per_block(spec, block_size, dtype)
+    """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset.
+
+    With tensor parallelism the budget covers every rank's share of a block together.
+    """
+    block_bytes = kv_block_bytes(spec, block_size, dtype, config.tensor_parallel_size)
     one_sequence = -(-max_model_len // block_size) * block_bytes
     budget = kv_budget_bytes(config, one_sequence, device)
     if budget < one_sequence:
@@ -87,48 +92,38 @@ def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, ma
     return budget // block_bytes
 
 
-def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
-                       max_model_len: int) -> LlamaForCausalLM:
-    """The native model with its checkpoint loaded, in eval mode."""
-    cos, sin = rope_cos_sin(hf_config, max_model_len)
-    model = LlamaForCausalLM(spec, attention, build, cos, sin)
-    load_weights(model, path)
-    return model.eval()
-
-
 class NativeBackend:
     """Steps the native engine: schedule, run the model, sample, hand tokens to their requests."""
 
     def __init__(self, config: EngineConfig, path: Path, hf_config):
         self.device = config.resolved_device
         self.spec = ModelSpec.from_hf_config(hf_config)
+        check_tensor_parallel(config, self.spec)
         self.dtype = resolve_dtype(config, hf_config, self.device)
         self.max_model_len = resolve_max_model_len(config, self.spec)
         attention_name = resolve_attention(config, self.device, self.dtype)
         self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
         num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
                                        self.device)
+        self.kv_block_bytes = kv_block_bytes(self.spec, self.block_size, self.dtype, config.tensor_parallel_size)
         torch.manual_seed(config.seed)
-        attention = make_attention(attention_name, self.spec.head_dim, self.block_size)
-        self.model = build_native_model(self.spec, hf_config, path, BuildContext(self.dtype, self.device),
-                                        attention, self.max_model_len)
         use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
-        self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device,
-                                head_major=attention_name != "flash-attn")
+        notices = ()
+        if use_graphs and config.tensor_parallel_size > 1:
+            use_graphs, notices = False, ("CUDA graphs are off under tensor parallelism (not captured with "
+                                          "collectives inside)",)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
                                    config.max_num_batched_tokens)
-        decode_graphs = None
-        if use_graphs:
-            decode_graphs = DecodeGraphs(self.model, self.kv_cache.layers, config.max_num_seqs,
-                                         -(-self.max_model_len // self.block_size), num_blocks, self.block_size,
-                                         self.device)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device, attention_name, decode_graphs)
-        self.weights_bytes = tensor_bytes(self.model)
+        self.executor = make_executor(
+            RunnerSettings(str(path), hf_config, self.dtype, self.device, attention_name, self.block_size, num_blocks,
+                           self.max_model_len, use_graphs, config.max_num_seqs),
+            config.tensor_parallel_size)
         self.info = BackendInfo(
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device, num_params=sum(p.numel() for p in self.model.parameters()),
-            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs)
+            device=self.device, num_params=count_native_parameters(self.spec, hf_config),
+            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
+            tensor_parallel_size=config.tensor_parallel_size, notices=notices)
         self.steps = 0
 
     def add(self, request: Request) -> None:
@@ -151,7 +146,7 @@ class NativeBackend:
             return
         plan = plan_step(scheduled)
         try:
-            logits = self.runner.execute(plan)
+            logits = self.executor.execute(plan)
             tokens, valid = self._sample(scheduled, logits)
         except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
             log.error("model step failed:\n%s", traceback.format_exc())
@@ -199,18 +194,22 @@ class NativeBackend:
     def stats(self) -> BackendStats:
         manager = self.block_manager
         used_blocks = manager.num_blocks - manager.num_free_blocks
+        executor = self.executor.stats()
         return BackendStats(
-            weights_bytes=self.weights_bytes, kv_cache_bytes=self.kv_cache.nbytes,
-            kv_cache_used_bytes=used_blocks * self.kv_cache.block_bytes, kv_blocks_total=manager.num_blocks,
+            weights_bytes=sum(executor.rank_weights_bytes), kv_cache_bytes=sum(executor.rank_kv_cache_bytes),
+            kv_cache_used_bytes=used_blocks * self.kv_block_bytes, kv_blocks_total=manager.num_blocks,
             kv_blocks_free=manager.num_free_blocks, kv_block_size=self.block_size,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             peak_running=self.scheduler.peak_running, num_preemptions=self.scheduler.num_preemptions,
             prefix_cache_hit_rate=self.scheduler.prefix_cache_hit_rate, spec_acceptance_rate=0.0,
-            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps)
+            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps,
+            notes=[f"model steps fail: {executor.failure}"] if executor.failure else [],
+            tensor_parallel_size=executor.size, rank_pids=executor.rank_pids,
+            rank_weights_bytes=executor.rank_weights_bytes, rank_kv_cache_bytes=executor.rank_kv_cache_bytes,
+            rank_collective_seconds=executor.rank_collective_seconds, executor_seconds=executor.executor_seconds,
+            collective_seconds=executor.collective_seconds, collective_share=executor.collective_share)
 
     def close(self) -> None:
-        self.runner.close()
-        self.model = None
-        self.kv_cache = None
+        self.executor.close()
         if self.device == "cuda":
             torch.cuda.empty_cache()
