@@ -48,7 +48,8 @@ TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_token
               "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
               "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
-              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes"]
+              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes", "tensor_parallel_size",
+              "executor_seconds", "collective_seconds", "collective_share"]
 _SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
 _SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -174,6 +175,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         if warmup:
             send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
         requests = build_workload(spec, vocab)
+        before = engine.stats()
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
         stats = engine.stats()
         info = dict(engine.info)
@@ -197,11 +199,21 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         "weights_bytes": stats.get("weights_bytes"),
         "kv_cache_bytes": stats.get("kv_cache_bytes"),
         "peak_memory_bytes": stats.get("peak_memory_bytes"),
+        **{key: stats.get(key) for key in ("tensor_parallel_size", "rank_weights_bytes", "rank_kv_cache_bytes")},
+        **_step_time_split(before, stats),
         "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
         "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
         "config": resolved,
     })
     return result
+
+
+def _step_time_split(before: dict, after: dict) -> dict:
+    """Seconds of model steps during the measured run, and the share rank 0 spent in collectives."""
+    executor = after.get("executor_seconds", 0.0) - before.get("executor_seconds", 0.0)
+    collective = after.get("collective_seconds", 0.0) - before.get("collective_seconds", 0.0)
+    return {"executor_seconds": executor, "collective_seconds": collective,
+            "collective_share": collective / executor if executor else 0.0}
 
 
 def ratios(base: dict, compare: dict) -> dict:

@@ -6,6 +6,9 @@
 2. Throughput on 64 prompts x 128 random tokens in x 128 out (greedy, EOS ignored): native with
    sdpa, with flash-attn when importable, and without CUDA graphs when the engine has them, against
    the hf backend (transformers' continuous batching).
+3. Tensor parallelism (NCCL) when two GPUs are visible: greedy N=2 = N=1 in float32 on the Llama
+   model, then N=1 vs N=2 throughput with the share of step time in collectives; with fewer GPUs
+   the report says it could not run.
 
 Needs only torch, transformers, safetensors and tokenizers (flash-attn optional). Results go to
 assets/results/gpu_check.json and stdout. Exits with status 2 without CUDA, 1 if a check fails.
@@ -168,6 +171,38 @@ def check_throughput(path: str, num_prompts: int, input_len: int, output_len: in
     return rows
 
 
+def check_tensor_parallel(path: str, num_prompts: int, input_len: int, output_len: int) -> dict:
+    """N=1 vs N=2 on two GPUs: float32 greedy equality, then bfloat16 throughput and collective share."""
+    from engine.bench import build_config, run_config
+    from engine.workloads import WorkloadSpec
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return {"skipped": f"tensor parallelism needs 2 CUDA devices; {gpus} visible", "passed": True}
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, MODELS["llama"][2]["vocab_size"], (n,), generator=generator).tolist()
+               for n in (7, 33, 120, 64)]
+    report: dict = {}
+    try:
+        one = native_greedy(path, prompts, EQUALITY_TOKENS, "float32")
+        two = native_greedy(path, prompts, EQUALITY_TOKENS, "float32", tensor_parallel_size=2)
+        report["equality"] = agreement(one, two)
+        report["passed"] = report["equality"]["exact_sequences"] == len(prompts)
+        spec = WorkloadSpec(num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=0)
+        for size in (1, 2):
+            config = build_config("continuous", {"model": path, "device": "cuda", "dtype": "bfloat16",
+                                                 "max_num_seqs": max(64, num_prompts), "tensor_parallel_size": size})
+            result = run_config(config, spec, num_prompts, 0.0, True)
+            report[f"tp{size}"] = {k: result[k] for k in ("output_throughput", "median_tpot_ms", "collective_share",
+                                                          "rank_weights_bytes", "rank_kv_cache_bytes", "errors")}
+            report["passed"] = report["passed"] and not result["errors"]
+    except Exception as error:
+        report.update({"passed": False, "error": f"{type(error).__name__}: {error}",
+                       "traceback": traceback.format_exc(limit=5)})
+    print(json.dumps({k: v for k, v in report.items() if k != "traceback"}), flush=True)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS_FILE)
@@ -186,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     report = {"device": describe_device(), "torch": torch.__version__, "flash_attn": flash_available(),
-              "equality": [], "throughput": []}
+              "equality": [], "throughput": [], "tensor_parallel": {}}
     import transformers
 
     report["transformers"] = transformers.__version__
@@ -199,9 +234,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_throughput:
             report["throughput"] = check_throughput(paths["llama"], args.num_prompts, args.input_len,
                                                     args.output_len)
+        report["tensor_parallel"] = check_tensor_parallel(paths["llama"], args.num_prompts, args.input_len,
+                                                          args.output_len)
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["passed"] = (all(r["passed"] for r in report["equality"])
-                        and all("error" not in r and not r.get("errors") for r in report["throughput"]))
+                        and all("error" not in r and not r.get("errors") for r in report["throughput"])
+                        and report["tensor_parallel"]["passed"])
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output} in {report['seconds']} s: {'PASSED' if report['passed'] else 'FAILED'}")

@@ -89,7 +89,7 @@ class CountingMethod(UnquantizedLinearMethod):
 def test_build_context_chooses_each_linear_layers_method(tiny_llama_dir):
     from transformers import AutoConfig
 
-    from engine.backends.native import build_native_model
+    from engine.runner.build import build_native_model
     from engine.model.attention import make_attention
     from engine.model.spec import ModelSpec
 
