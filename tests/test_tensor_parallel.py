@@ -139,6 +139,7 @@ def test_stats_show_each_rank_and_the_collectives(gqa_engines):
     assert two["tensor_parallel_size"] == 2
     assert len(two["rank_weights_bytes"]) == len(two["rank_kv_cache_bytes"]) == len(two["rank_pids"]) == 2
     assert os.getpid() not in two["rank_pids"]
+    assert two["rank_threads"] == [max(1, torch.get_num_threads() // 2)] * 2  # the cores are shared out
     # Each rank holds about half the weights (norms are replicated) and exactly half the KV heads.
     for weights in two["rank_weights_bytes"]:
         assert one["weights_bytes"] / 2 <= weights < one["weights_bytes"] * 0.51

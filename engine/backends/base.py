@@ -79,6 +79,7 @@ class BackendStats:
     rank_pids: list[int] = field(default_factory=list)
     rank_weights_bytes: list[int] = field(default_factory=list)
     rank_kv_cache_bytes: list[int] = field(default_factory=list)
+    rank_threads: list[int] = field(default_factory=list)
     rank_collective_seconds: list[float] = field(default_factory=list)
     executor_seconds: float = 0.0
     collective_seconds: float = 0.0

@@ -5,6 +5,10 @@ KV pool's size in blocks) and refuses impossible settings with one clear message
 large allocation. A step is: schedule -> plan (plain data) -> execute (logits) -> sample ->
 hand tokens to their requests -> commit computed blocks. A request whose own processing fails
 (unusable logits, a detokenizer error) fails alone; the rest of its step carries on.
+
+The model runs behind an executor (`engine/runner/executor.py`): in this process, or sharded
+over `tensor_parallel_size` worker processes. The scheduler, block manager and sampler stay
+here either way; with N ranks a block's bytes are every rank's share of it together.
 """
 
 from __future__ import annotations
@@ -206,6 +210,7 @@ class NativeBackend:
             notes=[f"model steps fail: {executor.failure}"] if executor.failure else [],
             tensor_parallel_size=executor.size, rank_pids=executor.rank_pids,
             rank_weights_bytes=executor.rank_weights_bytes, rank_kv_cache_bytes=executor.rank_kv_cache_bytes,
+            rank_threads=executor.rank_threads,
             rank_collective_seconds=executor.rank_collective_seconds, executor_seconds=executor.executor_seconds,
             collective_seconds=executor.collective_seconds, collective_share=executor.collective_share)
 

@@ -34,6 +34,7 @@ class ExecutorStats:
     rank_pids: list[int]
     rank_weights_bytes: list[int]
     rank_kv_cache_bytes: list[int]
+    rank_threads: list[int]
     rank_collective_seconds: list[float]
     executor_seconds: float
     collective_seconds: float
@@ -77,7 +78,8 @@ class LocalExecutor:
         return logits
 
     def stats(self) -> ExecutorStats:
-        return ExecutorStats([os.getpid()], [self._weights_bytes], [self._kv_bytes], [0.0], self._seconds, 0.0)
+        return ExecutorStats([os.getpid()], [self._weights_bytes], [self._kv_bytes], [torch.get_num_threads()], [0.0],
+                             self._seconds, 0.0)
 
     def close(self) -> None:
         if self.runner is not None:

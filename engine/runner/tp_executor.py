@@ -215,6 +215,7 @@ class TensorParallelExecutor:
             rank_pids=[rank.pid for rank in self._ranks],
             rank_weights_bytes=[info.get("weights_bytes", 0) for info in infos],
             rank_kv_cache_bytes=[info.get("kv_cache_bytes", 0) for info in infos],
+            rank_threads=[info.get("threads", 0) for info in infos],
             rank_collective_seconds=[c.get("collective_seconds", 0.0) for c in counters],
             executor_seconds=self._seconds, collective_seconds=counters[0].get("collective_seconds", 0.0),
             failure=self._failure)

@@ -94,7 +94,8 @@ class Worker:
         self.device = spec.settings.device
 
     def describe(self) -> dict:
-        return {"weights_bytes": tensor_bytes(self.runner.model), "kv_cache_bytes": self.runner.kv_cache.nbytes}
+        return {"weights_bytes": tensor_bytes(self.runner.model), "kv_cache_bytes": self.runner.kv_cache.nbytes,
+                "threads": torch.get_num_threads()}
 
     def serve(self) -> None:
         while True:
