@@ -151,6 +151,12 @@ class TensorParallelExecutor:
 
     def _watch(self) -> None:
         """Read heartbeats and reports; fail everything when a rank exits, errs or goes silent."""
+        try:
+            self._watch_until_stopped()
+        except Exception as error:  # without a monitor nobody would notice a lost rank: stop now
+            self._fail(f"the tensor-parallel monitor failed: {type(error).__name__}: {error}")
+
+    def _watch_until_stopped(self) -> None:
         listening = {rank.status: rank for rank in self._ranks}
         exits = {rank.process.sentinel: rank for rank in self._ranks}
         while not self._stopping.is_set() and self._failure is None:
