@@ -10,12 +10,14 @@ from engine.backends.base import StepRecord
 from engine.config import (
     CHOICES,
     EngineConfig,
+    choice_note,
     list_presets,
     load_preset,
     preset_description,
     unavailable_reason,
 )
 from engine.core.metrics import RequestMetrics, describe_device
+from engine.core.perplexity import PerplexityResult
 from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
@@ -24,6 +26,6 @@ from engine.sampling_params import SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
 
 __all__ = ["CHOICES", "ConfigError", "Engine", "EngineConfig", "EngineError", "MemoryEstimate", "ModelEntry",
-           "ModelLoadError", "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams", "StepRecord",
-           "StreamDelta", "describe_device", "estimate_memory", "list_models", "list_presets", "load_preset",
-           "preset_description", "unavailable_reason"]
+           "ModelLoadError", "PerplexityResult", "RequestError", "RequestMetrics", "RequestOutput", "SamplingParams",
+           "StepRecord", "StreamDelta", "choice_note", "describe_device", "estimate_memory", "list_models",
+           "list_presets", "load_preset", "preset_description", "unavailable_reason"]

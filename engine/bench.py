@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig, load_preset
+from engine.config import CHOICES, EngineConfig, load_preset
 from engine.core.metrics import describe_device, summarize
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
@@ -43,13 +43,13 @@ RANDOM_MODELS = {
 RANDOM_MODEL_SEED = 0
 RATIO_KEYS = ["output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms", "peak_running",
-              "prefix_cache_hit_rate"]
+              "prefix_cache_hit_rate", "weights_bytes", "perplexity"]
 TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
               "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
               "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
-              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes", "tensor_parallel_size",
-              "executor_seconds", "collective_seconds", "collective_share"]
+              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes", "perplexity",
+              "tensor_parallel_size", "executor_seconds", "collective_seconds", "collective_share"]
 _SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
 _SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -102,13 +102,20 @@ def parse_value(text: str):
     return text
 
 
+def parse_setting(key: str, text: str):
+    """A `--set` value for field `key`: one of the field's choices as written (quantization=none), else parsed."""
+    if text.strip() in CHOICES.get(key, ()):
+        return text.strip()
+    return parse_value(text)
+
+
 def parse_sets(items: list[str]) -> dict:
     values = {}
     for item in items:
         if "=" not in item:
             raise EngineError(f"--set expects key=value, got {item!r}")
         key, value = item.split("=", 1)
-        values[key.strip()] = parse_value(value)
+        values[key.strip()] = parse_setting(key.strip(), value)
     return values
 
 
@@ -163,8 +170,9 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
 
 
 def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
-               ignore_eos: bool, warmup: bool = True) -> dict:
-    """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config."""
+               ignore_eos: bool, warmup: bool = True, perplexity: bool = False) -> dict:
+    """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config
+    (and, with `perplexity`, the held-out perplexity of the configuration, measured after the workload)."""
     from engine import Engine
 
     if torch.cuda.is_available():
@@ -177,6 +185,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         requests = build_workload(spec, vocab)
         before = engine.stats()
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
+        quality = engine.perplexity() if perplexity else None
         stats = engine.stats()
         info = dict(engine.info)
         resolved = engine.config.to_dict()
@@ -204,7 +213,12 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
         "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
         "config": resolved,
+        "quantization": info["quantization"], "num_kv_heads": info["num_kv_heads"],
+        "kv_bytes_per_token": info["kv_bytes_per_token"],
     })
+    if quality is not None:
+        result.update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
+                       "perplexity_seconds": quality.seconds, "perplexity_text": quality.source})
     return result
 
 
@@ -257,7 +271,8 @@ def _describe(result: dict) -> str:
     config = result["config"]
     return (f"{result['backend']} | batching={config['batching']} max_num_seqs={config['max_num_seqs']} "
             f"kv_layout={config['kv_layout']} prefix_caching={config['prefix_caching']} "
-            f"attention={result['attention']} dtype={result['dtype']} device={result['device']}")
+            f"attention={result['attention']} dtype={result['dtype']} device={result['device']} "
+            f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)")
 
 
 def source_revision() -> str | None:
@@ -306,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="generate exactly the output length (default: on for random prompts)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
+    parser.add_argument("--perplexity", action="store_true",
+                        help="also measure each configuration's perplexity on the demo model's held-out text")
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads) for every run")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
@@ -344,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, config in (("base", base_config), ("compare", compare_config)):
             if config is None:
                 continue
-            results[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos, not args.no_warmup)
+            results[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos, not args.no_warmup,
+                                       args.perplexity)
             print(f"{name}: {_describe(results[name])}")
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import ConfigError
+from engine.quant.levels import LEVELS as QUANT_LEVELS
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 MODELS_FILE = "models.toml"
@@ -26,7 +27,7 @@ CHOICES: dict[str, list[str]] = {
     "backend": ["auto", "native", "hf"],
     "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
-    "quantization": ["none", "int8", "nf4", "fp4"],
+    "quantization": ["none", *QUANT_LEVELS],
     "attention": ["auto", "sdpa", "eager", "flash-attn"],
     "kv_layout": ["paged", "contiguous"],
     "batching": ["continuous", "static"],
@@ -107,14 +108,33 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
             return "flash-attn needs a CUDA device"
         if not flash_attn_available():
             return "the flash_attn package is not installed"
-    if field_name == "quantization" and value != "none":
-        return f"quantization '{value}' is {_NOT_BUILT_YET}"
+    if field_name == "quantization" and value in QUANT_LEVELS:
+        level = QUANT_LEVELS[value]
+        if device not in level.devices:
+            return level.device_reason
+        if not level.installed():
+            return f"the {level.library} package is not installed"
     if field_name == "speculative" and value != "off":
         return f"speculative decoding ({value}) is {_NOT_BUILT_YET}"
-    if field_name == "gqa" and value != "native":
-        return f"GQA conversion is {_NOT_BUILT_YET}"
     if field_name == "tensor_parallel_size":
         return tensor_parallel_reason(value, device)
+    return None
+
+
+def choice_note(field_name: str, value, device: str = "auto") -> str | None:
+    """A note to show beside a usable choice, or None: what it does, and whether it is very slow here.
+
+    The engine still runs such a choice; the note keeps a slow figure from being read as a broken one.
+    """
+    device = resolve_device(device)
+    if field_name == "quantization" and value in QUANT_LEVELS:
+        level = QUANT_LEVELS[value]
+        return " · ".join(part for part in (f"{level.library}: {level.summary}", level.note(device)) if part)
+    if field_name == "gqa" and value == "mha":
+        return "KV heads repeated to one per query head: same outputs, bigger KV cache, slower decode"
+    if field_name == "gqa" and isinstance(value, int):
+        return (f"{value} KV head(s), made by mean-pooling the checkpoint's K/V heads of each group (no uptraining: "
+                "quality drops, see perplexity); native backend only")
     return None
 
 
@@ -201,6 +221,9 @@ class EngineConfig:
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
+        if self.backend == "hf" and self.gqa != "native":
+            raise ConfigError("GQA conversion (gqa) runs in the native engine only; the hf baseline serves the "
+                              "checkpoint's own heads")
         if self.backend == "hf" and self.attention == "flash-attn":
             raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
         return self

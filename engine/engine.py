@@ -6,6 +6,10 @@ against the context length, and hands them to a backend (`engine/backends/`): th
 contract and are stepped by the same loop here, so requests, streaming, cancellation and
 metrics behave the same on either. A failure while building the engine releases everything it
 allocated; `close()` frees the model and KV cache and ends pending streams as "aborted".
+
+`perplexity()` measures the loaded configuration's quality through the backend's own forward
+pass (so quantization and GQA conversion show in it): its windows are scored by the same loop
+thread, one per turn between serving steps, so requests keep being served meanwhile.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -24,10 +28,20 @@ from engine.backends.base import Backend, StepRecord
 from engine.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.metrics import describe_device
+from engine.core.perplexity import (
+    DEFAULT_WINDOW,
+    HELD_OUT_SOURCE,
+    PerplexityJob,
+    PerplexityResult,
+    held_out_texts,
+    token_stream,
+    token_windows,
+)
 from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
 from engine.errors import ModelLoadError, RequestError
 from engine.hub import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
 from engine.model.spec import NATIVE_ARCHITECTURES
+from engine.quant.checkpoint import prequantized_method
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -88,17 +102,22 @@ class Engine:
         if self.tokenizer is None:
             notices.append("this model folder has no tokenizer: only token-id prompts work")
         architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
-        native_ok = architecture in NATIVE_ARCHITECTURES
-        if config.backend == "native" and not native_ok:
-            raise ModelLoadError(f"architecture {architecture} is not covered by the native engine "
-                                 f"(it runs {', '.join(NATIVE_ARCHITECTURES)}); use backend='hf'")
-        if config.tensor_parallel_size > 1 and not native_ok:
-            raise ModelLoadError(f"tensor parallelism shards the native engine's model, which does not cover "
-                                 f"{architecture}")
+        prequantized = prequantized_method(hf_config)
+        if architecture not in NATIVE_ARCHITECTURES:
+            not_native = f"architecture {architecture} is not covered by the native engine"
+        elif prequantized:
+            not_native = f"this checkpoint is pre-quantized ({prequantized}), which the native engine does not load"
+        else:
+            not_native = None
+        if config.backend == "native" and not_native:
+            raise ModelLoadError(f"{not_native} (it runs full-precision {', '.join(NATIVE_ARCHITECTURES)} "
+                                 "checkpoints); use backend='hf'")
+        if config.tensor_parallel_size > 1 and not_native:
+            raise ModelLoadError(f"{not_native}, and tensor parallelism shards the native engine's model")
         if config.backend == "auto":
-            config = dataclasses.replace(config, backend="native" if native_ok else "hf")
-            if not native_ok:
-                notices.append(f"{architecture} is not covered by the native engine: served by transformers")
+            config = dataclasses.replace(config, backend="hf" if not_native else "native").validate()
+            if not_native:
+                notices.append(f"{not_native}: served by transformers")
         self._backend: Backend | None = _make_backend(config, path, hf_config)
         backend_info = self._backend.info
         self.config = dataclasses.replace(config, max_model_len=backend_info.max_model_len)
@@ -107,6 +126,9 @@ class Engine:
         self._history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self._wakeup = threading.Condition()
         self._inbox: list[Request] = []
+        self._perplexity_jobs: deque[PerplexityJob] = deque()
+        self._held_out_perplexity: PerplexityResult | None = None
+        self._held_out_lock = threading.Lock()
         self._closed = False
         self._loop = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
         self._loop.start()
@@ -235,6 +257,42 @@ class Engine:
                     "prefix_cache_hit_rate": 0.0, "spec_acceptance_rate": 0.0, "peak_memory_bytes": 0}
         return {"closed": False, **stats}
 
+    def perplexity(self, texts: list[str] | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> PerplexityResult:
+        """Perplexity of the loaded configuration on `texts`, or on the demo model's held-out text by default.
+
+        Every token after the first of each text (texts are joined, each led by BOS) is predicted from up
+        to 256 tokens of context, through this engine's own forward pass. The default figure is computed
+        once per engine and cached. `progress(windows_done, windows_total)` is called in the caller's
+        thread as windows complete. Requests are served meanwhile; a failure raises EngineError and
+        leaves the engine serving.
+        """
+        if texts is None:
+            with self._held_out_lock:
+                if self._held_out_perplexity is None:
+                    self._held_out_perplexity = self._measure_perplexity(held_out_texts(), HELD_OUT_SOURCE, progress)
+                return self._held_out_perplexity
+        if not isinstance(texts, list | tuple) or not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError("perplexity() takes a non-empty list of strings (or None for the held-out text)")
+        return self._measure_perplexity(list(texts), f"{len(texts)} text(s) given by the caller", progress)
+
+    def _measure_perplexity(self, texts: list[str], source: str,
+                            progress: Callable[[int, int], None] | None) -> PerplexityResult:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: perplexity needs text")
+        for index, text in enumerate(texts):
+            _check_text(text, f"text {index}")
+        stream = token_stream([self.tokenizer.encode(text, add_special_tokens=False) for text in texts],
+                              self.tokenizer.bos_token_id)
+        window = min(DEFAULT_WINDOW, self.config.max_model_len - 1)
+        job = PerplexityJob(token_windows(stream, window), source)
+        with self._wakeup:
+            if self._closed:
+                raise RequestError("the engine is closed")
+            self._perplexity_jobs.append(job)
+            self._wakeup.notify()
+        return job.wait(progress)
+
     def step_history(self, since: float = 0.0) -> list[StepRecord]:
         """The recent steps (oldest first) that ended after `since` (a `time.perf_counter()` value)."""
         return [step for step in list(self._history) if step.time > since]
@@ -259,11 +317,27 @@ class Engine:
 
     # ---- the loop ------------------------------------------------------------------------------
 
+    def _score_next_window(self, backend: Backend) -> None:
+        """Score one window of the oldest perplexity job (between two steps, so serving goes on)."""
+        job = self._perplexity_jobs[0]
+        try:
+            log_probs = backend.score(job.next_window())
+        except Exception as error:  # a failed measurement fails its caller only
+            log.error("perplexity window failed:\n%s", traceback.format_exc())
+            job.fail(f"{type(error).__name__}: {error}")
+        else:
+            if log_probs is not None:
+                job.record(log_probs)
+            elif not backend.has_work():
+                job.fail("the KV cache cannot hold one perplexity window")
+        if job.done:
+            self._perplexity_jobs.popleft()
+
     def _run_loop(self) -> None:
         backend = self._backend
         while True:
             with self._wakeup:
-                while not (self._inbox or backend.has_work() or self._closed):
+                while not (self._inbox or backend.has_work() or self._perplexity_jobs or self._closed):
                     self._wakeup.wait()
                 if self._closed:
                     break
@@ -274,6 +348,8 @@ class Engine:
                 if request.cancel_requested:
                     backend.abort(request)
                     request.finish("cancelled")
+            if self._perplexity_jobs:
+                self._score_next_window(backend)
             if not backend.has_work():
                 continue
             try:
@@ -285,3 +361,5 @@ class Engine:
                     request.finish("error", f"{type(error).__name__}: {error}")
         for request in self._inbox + backend.requests():
             request.finish("aborted", "the engine was closed")
+        for job in self._perplexity_jobs:
+            job.fail("the engine was closed")

@@ -9,6 +9,10 @@
 3. Tensor parallelism (NCCL) when two GPUs are visible: greedy N=2 = N=1 in float32 on the Llama
    model, then N=1 vs N=2 throughput with the share of step time in collectives; with fewer GPUs
    the report says it could not run.
+4. The precision table (`engine.precision_table`) on CUDA: the demo model, one row per quantization
+   level that runs there (bitsandbytes int8/nf4/fp4 on CUDA, quanto, torchao int8 and int4) and per
+   KV head count; then batch-1 decode of a 1.4B-parameter random Llama in bfloat16 against its
+   4-bit levels (nf4, torchao-int4), where reading fewer weight bytes per token should win.
 
 Needs only torch, transformers, safetensors and tokenizers (flash-attn optional). Results go to
 assets/results/gpu_check.json and stdout. Exits with status 2 without CUDA, 1 if a check fails.
@@ -45,6 +49,9 @@ MODELS = {
         num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)),
 }
 INIT_STD = 0.05
+DECODE_MODEL = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
+                    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)
+DECODE_LEVELS = ["none", "nf4", "int8", "torchao-int4", "torchao-int8", "quanto-int4"]
 
 
 def build_model(name: str, folder: Path, seed: int = 0) -> str:
@@ -203,6 +210,42 @@ def check_tensor_parallel(path: str, num_prompts: int, input_len: int, output_le
     return report
 
 
+def build_decode_model(folder: Path) -> str:
+    """A random 1.4B-parameter Llama in bfloat16, initialised on the GPU (fast) and saved."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(LlamaConfig(**DECODE_MODEL, initializer_range=0.02, bos_token_id=1,
+                                             eos_token_id=2, tie_word_embeddings=False)).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
+    return str(folder)
+
+
+def check_precision(decode_folder: Path) -> dict:
+    """The precision table on CUDA (demo model), and batch-1 decode at 4 bits vs bfloat16 on a larger model."""
+    from engine.precision_table import default_rows, measure_rows
+    from engine.workloads import WorkloadSpec
+
+    base = {"model": "demo", "device": "cuda", "dtype": "bfloat16", "kv_cache_bytes": 64 * 2**20, "max_num_seqs": 32}
+    short = WorkloadSpec(num_prompts=4, input_len=128, output_len=32)
+    table = measure_rows(base, default_rows("demo", "cuda"), short, WorkloadSpec(num_prompts=32, input_len=128,
+                                                                                 output_len=32, seed=1), 32)
+    path = build_decode_model(decode_folder)
+    decode_base = {"model": path, "device": "cuda", "dtype": "bfloat16", "kv_cache_bytes": 2**30, "max_num_seqs": 8}
+    decode = measure_rows(decode_base, [{"quantization": level} for level in DECODE_LEVELS],
+                          WorkloadSpec(num_prompts=4, input_len=64, output_len=64),
+                          WorkloadSpec(num_prompts=8, input_len=64, output_len=64, seed=1), 8)
+    bf16 = next((row for row in decode if row.get("quantization") == "none" and "error" not in row), None)
+    four_bit = [row for row in decode if row.get("quantization") in ("nf4", "torchao-int4") and "error" not in row]
+    return {"demo_table": table, "decode_model": DECODE_MODEL, "decode_table": decode,
+            "four_bit_beats_bfloat16_at_batch_1": (
+                {row["quantization"]: row["batch1_tpot_ms"] < bf16["batch1_tpot_ms"] for row in four_bit}
+                if bf16 else None)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS_FILE)
@@ -210,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-precision", action="store_true", help="skip the quantization / GQA table")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: engine.gpu_check needs a CUDA GPU, and torch.cuda.is_available() is False on this machine",
@@ -236,10 +280,15 @@ def main(argv: list[str] | None = None) -> int:
                                                     args.output_len)
         report["tensor_parallel"] = check_tensor_parallel(paths["llama"], args.num_prompts, args.input_len,
                                                           args.output_len)
+        if not args.skip_precision:
+            report["precision"] = check_precision(Path(tmp) / "decode")
     report["seconds"] = round(time.perf_counter() - started, 1)
+    precision_rows = [*report.get("precision", {}).get("demo_table", []),
+                      *report.get("precision", {}).get("decode_table", [])]
     report["passed"] = (all(r["passed"] for r in report["equality"])
                         and all("error" not in r and not r.get("errors") for r in report["throughput"])
-                        and report["tensor_parallel"]["passed"])
+                        and report["tensor_parallel"]["passed"]
+                        and all("error" not in r for r in precision_rows))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.output} in {report['seconds']} s: {'PASSED' if report['passed'] else 'FAILED'}")

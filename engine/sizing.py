@@ -2,9 +2,14 @@
 
 Why: a server that shares one process between many visitors must refuse a load that would not fit
 its memory budget before the load allocates (and zero-fills) gigabytes, not evict or crash after.
-Weights are counted by building the model on the meta device (no storage): transformers' model for
-the hf backend (so every architecture it knows is covered), each rank's shard of the native model
-otherwise; the KV pool is sized by the same rule the native engine uses.
+The native model is built on the meta device (no storage) with the configuration's quantization
+and GQA conversion, and each quantized layer says what its library will allocate (packed weights
+plus scales); the KV pool is sized by the same rule, and the same converted head count, the native
+engine uses. Other architectures and the hf backend are counted from transformers' own model on
+the meta device, each linear layer transformers quantizes (all but the LM head) at its level's size;
+a pre-quantized checkpoint (GPTQ, AWQ) by its safetensors files, which hold its packed tensors.
+With tensor parallelism each rank's shard is built and counted (replicated norms and KV heads, the
+vocabulary padded to an even split), and the KV pool's blocks cover every rank's heads.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from engine.config import EngineConfig
 from engine.hub import load_hf_config, resolve_model_path
@@ -20,10 +26,12 @@ from engine.hub import load_hf_config, resolve_model_path
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes an engine will hold once loaded: its weights and its KV pool (over all tensor-parallel ranks),
-    and each rank's share of them (one entry per rank; empty for the hf backend)."""
+    what one token of KV costs, and each rank's share (one entry per rank; empty for the hf backend)."""
 
     weights_bytes: int
     kv_cache_bytes: int
+    kv_bytes_per_token: int = 0
+    kv_blocks: int = 0
     rank_weights_bytes: tuple[int, ...] = ()
     rank_kv_cache_bytes: tuple[int, ...] = ()
 
@@ -32,13 +40,51 @@ class MemoryEstimate:
         return self.weights_bytes + self.kv_cache_bytes
 
 
-def count_parameters(hf_config) -> int:
-    """Parameters of the checkpoint's model, counted on the meta device (tied weights once)."""
+def _meta_hf_model(hf_config) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
-    return sum(p.numel() for p in model.parameters())
+        return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
+
+
+def hf_weights_bytes(hf_config, dtype: torch.dtype, quantization: str, device: str) -> int:
+    """Weights of the transformers model at `dtype`, its linear layers but the LM head at `quantization`."""
+    from engine.quant.levels import LEVELS
+
+    model = _meta_hf_model(hf_config)
+    element = torch.empty((), dtype=dtype).element_size()
+    level = LEVELS.get(quantization)
+    output_layer = model.get_output_embeddings()
+    total = 0
+    quantized: set[int] = set()
+    if level is not None:
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module is not output_layer:
+                total += level.storage_bytes(module.out_features, module.in_features, dtype, device)
+                quantized.add(id(module.weight))
+    rest = sum(p.numel() * element for p in model.parameters() if id(p) not in quantized)
+    return total + rest + sum(b.numel() * b.element_size() for b in model.buffers())  # RoPE frequencies
+
+
+def native_meta_model(spec, dtype: torch.dtype, quantization: str, device: str, parallel=None) -> nn.Module:
+    """The native model built from `spec` on the meta device (one rank's shard with `parallel`): shapes, no storage."""
+    from engine.model.linear import BuildContext
+    from engine.model.llama import LlamaForCausalLM
+    from engine.model.parallel import SINGLE_PROCESS
+    from engine.quant.methods import linear_method_factory
+
+    build = BuildContext(dtype, "meta", parallel or SINGLE_PROCESS,
+                         linear_method=linear_method_factory(quantization, device, dtype))
+    no_rope = torch.empty(0)
+    return LlamaForCausalLM(spec, None, build, no_rope, no_rope)
+
+
+def native_weights_bytes(spec, dtype: torch.dtype, quantization: str, device: str, parallel=None) -> int:
+    """Weights of the native model built from `spec` (one rank's shard with `parallel`), linear layers at
+    `quantization`."""
+    from engine.quant.storage import planned_weight_bytes
+
+    return planned_weight_bytes(native_meta_model(spec, dtype, quantization, device, parallel))
 
 
 def estimate_memory(config: EngineConfig) -> MemoryEstimate:
@@ -47,23 +93,30 @@ def estimate_memory(config: EngineConfig) -> MemoryEstimate:
     from engine.backends.native import resolve_kv_blocks, resolve_max_model_len
     from engine.model.parallel import ParallelContext
     from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
-    from engine.runner.build import rank_kv_spec, shard_weight_bytes
+    from engine.model.weights import safetensors_files
+    from engine.quant.checkpoint import prequantized_method
+    from engine.quant.gqa import convert_spec
+    from engine.runner.build import kv_block_bytes, rank_kv_spec
     from engine.runner.kv_cache import bytes_per_block
 
     config = config.validate()
-    hf_config = load_hf_config(resolve_model_path(config.model))
+    path = resolve_model_path(config.model)
+    hf_config = load_hf_config(path)
     device = config.resolved_device
     dtype = resolve_dtype(config, hf_config, device)
     architecture = (getattr(hf_config, "architectures", None) or [""])[0]
+    if prequantized_method(hf_config):
+        return MemoryEstimate(sum(file.stat().st_size for file in safetensors_files(path)), config.kv_cache_bytes or 0)
     if config.backend == "hf" or architecture not in NATIVE_ARCHITECTURES:
-        element = torch.empty((), dtype=dtype).element_size()
-        return MemoryEstimate(count_parameters(hf_config) * element, config.kv_cache_bytes or 0)
-    spec = ModelSpec.from_hf_config(hf_config)
-    size = config.tensor_parallel_size
+        weights = hf_weights_bytes(hf_config, dtype, config.quantization, device)
+        return MemoryEstimate(weights, config.kv_cache_bytes or 0)
+    spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
     max_model_len = resolve_max_model_len(config, spec)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
     blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device)
-    rank_weights = tuple(shard_weight_bytes(spec, hf_config, dtype, ParallelContext(rank, size))
+    size = config.tensor_parallel_size
+    rank_weights = tuple(native_weights_bytes(spec, dtype, config.quantization, device, ParallelContext(rank, size))
                          for rank in range(size))
     rank_kv = (blocks * bytes_per_block(rank_kv_spec(spec, size), block_size, dtype),) * size
-    return MemoryEstimate(sum(rank_weights), sum(rank_kv), rank_weights, rank_kv)
+    return MemoryEstimate(sum(rank_weights), sum(rank_kv), kv_block_bytes(spec, 1, dtype, size), blocks, rank_weights,
+                          rank_kv)

@@ -40,8 +40,9 @@ def test_flash_attn_matches_sdpa(tiny_llama_dir, cuda_graphs):
 
 
 @needs_flash
-def test_cuda_graphs_are_used_for_decode(tiny_llama_dir):
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_cuda_graphs_setting_turns_graph_decode_on_and_off(tiny_llama_dir, cuda_graphs):
     with Engine(EngineConfig(model=tiny_llama_dir, device="cuda", dtype="bfloat16", attention="flash-attn",
-                             block_size=256)) as engine:
-        assert engine.info["cuda_graphs"]
+                             block_size=256, cuda_graphs=cuda_graphs)) as engine:
+        assert engine.info["cuda_graphs"] is cuda_graphs
         assert engine.generate([1, 2, 3], SamplingParams(max_tokens=8))[0].token_ids

@@ -12,22 +12,14 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from engine import ConfigError, Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
+from tests.engine_waits import wait_until_idle
+from tests.reference_figures import checkpoint_bytes, element_size, kv_bytes_per_token, memory_in_use
 
 
 @pytest.fixture(scope="module")
 def chat_engine(tiny_chat_dir):
     with Engine(EngineConfig(model=tiny_chat_dir, block_size=4, max_num_seqs=8)) as engine:
         yield engine
-
-
-def wait_until_idle(engine: Engine, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
-            return stats
-        time.sleep(0.01)
-    raise AssertionError("engine did not become idle")
 
 
 def test_stream_yields_the_same_text_as_generate(chat_engine):
@@ -127,18 +119,40 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(chat_engin
     assert alone != other_seed
 
 
-def test_metrics_are_consistent(chat_engine):
-    output = chat_engine.generate("Paged attention stores", SamplingParams(max_tokens=10, ignore_eos=True))[0]
+def test_metrics_are_the_engine_s_own_step_times(chat_engine):
+    """A request alone in the engine gets one token per step, stamped with that step's time: its TTFT, ITL and
+    TPOT follow from the step records, and its TTFT is bounded by the caller's own clock."""
+    wait_until_idle(chat_engine)
+    prompt = "Paged attention stores"
+    before = time.perf_counter()
+    output = chat_engine.generate(prompt, SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    steps = chat_engine.step_history(since=before)
     metrics = output.metrics
-    assert metrics.output_tokens == 10 and len(metrics.itl) == 9
-    assert 0 < metrics.ttft <= metrics.e2el
-    assert metrics.tpot == pytest.approx((metrics.e2el - metrics.ttft) / 9)
-    stats = chat_engine.stats()
-    for key in ("weights_bytes", "kv_cache_bytes", "kv_cache_used_bytes", "kv_blocks_total", "kv_blocks_free",
-                "num_running", "num_waiting", "prefix_cache_hit_rate", "spec_acceptance_rate",
-                "peak_memory_bytes"):
-        assert key in stats
-    assert stats["weights_bytes"] > 0 and stats["peak_memory_bytes"] > stats["weights_bytes"]
+    times = [step.time for step in steps]
+    assert len(steps) == 10, "one step computes the prompt and samples the first token, then one step a token"
+    assert (metrics.output_tokens, metrics.prompt_tokens) == (10, len(chat_engine.encode(prompt)))
+    assert steps[0].duration <= metrics.ttft <= times[0] - before
+    assert metrics.itl == pytest.approx([b - a for a, b in zip(times, times[1:], strict=False)], abs=1e-4)
+    assert metrics.e2el - metrics.ttft == pytest.approx(times[-1] - times[0], abs=1e-4)
+    assert metrics.tpot == pytest.approx((times[-1] - times[0]) / 9, rel=1e-2)
+
+
+def test_stats_report_the_pool_the_weights_and_the_running_requests(chat_engine, tiny_chat_dir):
+    element = element_size(chat_engine.info["dtype"])
+    block_bytes = 4 * kv_bytes_per_token(tiny_chat_dir, element)  # chat_engine has block_size=4
+    stream = chat_engine.stream("Paged attention", SamplingParams(max_tokens=400, ignore_eos=True))
+    next(stream)
+    busy = chat_engine.stats()
+    stream.close()
+    in_use = memory_in_use(chat_engine.info["device"])
+    idle = wait_until_idle(chat_engine)
+    assert busy["num_running"] == 1 and busy["kv_cache_used_bytes"] > 0
+    assert busy["kv_cache_used_bytes"] % block_bytes == 0
+    assert idle["kv_cache_bytes"] == idle["kv_blocks_total"] * block_bytes
+    assert (idle["kv_blocks_free"], idle["kv_cache_used_bytes"]) == (idle["kv_blocks_total"], 0)
+    assert idle["weights_bytes"] == checkpoint_bytes(tiny_chat_dir) * element // 4  # saved in float32
+    assert idle["peak_memory_bytes"] >= 0.9 * in_use, "the peak, in bytes"
+    assert idle["spec_acceptance_rate"] == 0.0, "speculative decoding is off"
     assert chat_engine.step_history(), "steps are recorded for the live charts"
 
 

@@ -12,8 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.model.spec import ModelSpec
-from engine.runner.kv_cache import bytes_per_block
+from tests.reference_figures import kv_bytes_per_token
 from tests.tiny_models import TINY_ARCHITECTURES, VOCAB
 
 MAX_TOKENS = 12
@@ -72,10 +71,7 @@ def test_greedy_matches_transformers(arch, setting, tiny_model_dirs, references)
 
 
 def one_sequence_budget(folder: str, max_model_len: int, block_size: int) -> int:
-    from transformers import AutoConfig
-
-    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(folder))
-    return -(-max_model_len // block_size) * bytes_per_block(spec, block_size, torch.float32)
+    return -(-max_model_len // block_size) * block_size * kv_bytes_per_token(folder, 4)
 
 
 @pytest.mark.parametrize("arch", ["llama-gqa", "qwen3-qk-norm"])

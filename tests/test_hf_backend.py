@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
+from tests.reference_figures import checkpoint_bytes, kv_bytes_per_token, memory_in_use
 from tests.tiny_models import build_tiny_model, build_tiny_tokenizer
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [3] * 20, [100, 200, 300, 17]]
@@ -71,21 +72,29 @@ def test_stream_text_equals_generate_text(engine):
     assert len(streamed) >= 2  # tokens arrive as they are produced, not in one piece
 
 
-def test_metrics_and_stats(engine):
-    started = time.perf_counter()
+def test_metrics_and_stats(engine, hf_model_dir):
+    before = time.perf_counter()
     output = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    after = time.perf_counter()
     metrics = output.metrics
     assert metrics.output_tokens == 8 and metrics.prompt_tokens == len(PROMPTS[0])
-    assert 0 < metrics.ttft <= metrics.e2el
-    assert len(metrics.itl) == 7 and all(gap >= 0 for gap in metrics.itl)
-    assert metrics.tpot == pytest.approx((metrics.e2el - metrics.ttft) / 7)
-    assert metrics.cached_tokens == 0
-    stats = engine.stats()
-    assert NATIVE_STATS_KEYS <= set(stats)
-    assert stats["weights_bytes"] > 0
-    history = engine.step_history(since=started)
+    assert 0 < metrics.ttft <= metrics.e2el <= after - before
+    assert len(metrics.itl) == 7 and all(gap > 0 for gap in metrics.itl), "each token is stamped when produced"
+    assert metrics.cached_tokens == 0, "transformers keeps no cache across requests"
+    history = engine.step_history(since=before)
     assert sum(step.num_decode_tokens for step in history) == 8, "each generated token is counted in one step"
-    assert all(step.duration >= 0 and step.batch_size >= 1 for step in history)
+    if engine.config.batching == "static":  # generate's callback stamps the tokens and records the step alike
+        times = [step.time for step in history]
+        assert metrics.itl == pytest.approx([b - a for a, b in zip(times, times[1:], strict=False)], abs=1e-4)
+    in_use = memory_in_use(engine.info["device"])
+    stats = engine.stats()
+    assert NATIVE_STATS_KEYS <= set(stats), "the UI reads the same figures from either backend"
+    weights = checkpoint_bytes(hf_model_dir)
+    assert weights <= stats["weights_bytes"] <= weights * 1.001, "the checkpoint's tensors (plus RoPE buffers)"
+    assert stats["peak_memory_bytes"] >= 0.9 * in_use, "the peak, in bytes"
+    if engine.config.batching == "static":
+        assert stats["kv_cache_bytes"] == 0 and any("not tracked" in note for note in stats["notes"]), \
+            "an untracked 0 says so"
 
 
 def test_cancel_stops_the_request(engine):
@@ -109,7 +118,10 @@ def test_seeded_sampling_is_reproducible(engine):
 
 
 def test_continuous_reports_its_paged_cache(hf_model_dir):
-    with Engine(EngineConfig(model=hf_model_dir, backend="hf", batching="continuous", kv_cache_bytes=1 << 20)) as eng:
+    budget, page = 1 << 20, 16
+    with Engine(EngineConfig(model=hf_model_dir, backend="hf", batching="continuous", dtype="float32",
+                             block_size=page, kv_cache_bytes=budget)) as eng:
         stats = eng.stats()
-    assert 0 < stats["kv_cache_bytes"] <= 2 << 20
-    assert stats["kv_blocks_total"] > 0
+    assert stats["kv_block_size"] == page
+    assert stats["kv_blocks_total"] == budget // (page * kv_bytes_per_token(hf_model_dir, 4))
+    assert budget <= stats["kv_cache_bytes"] <= 1.05 * budget

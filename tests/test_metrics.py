@@ -12,11 +12,12 @@ def test_request_metrics_follow_the_definitions():
     metrics = RequestMetrics.from_timestamps(10.0, [10.5, 10.7, 11.0, 11.6], prompt_tokens=20, cached_tokens=16)
     assert metrics.ttft == pytest.approx(0.5)
     assert metrics.e2el == pytest.approx(1.6)
-    assert metrics.tpot == pytest.approx((1.6 - 0.5) / 3)
+    assert metrics.tpot == pytest.approx(0.366667, abs=1e-6)  # 1.1 s over the 3 tokens after the first
     assert metrics.itl == pytest.approx([0.2, 0.3, 0.6])
     assert metrics.output_tokens == 4 and metrics.cached_tokens == 16
     running = RequestMetrics.from_timestamps(10.0, [10.5, 10.7, 11.0, 11.6], prompt_tokens=20, with_itl=False)
-    assert running.itl == [] and running.tpot == metrics.tpot and running.ttft == metrics.ttft
+    assert running.itl == [] and running.tpot == pytest.approx(0.366667, abs=1e-6)
+    assert running.ttft == pytest.approx(0.5) and running.e2el == pytest.approx(1.6)
 
 
 def test_single_token_request_has_no_tpot():
@@ -26,17 +27,31 @@ def test_single_token_request_has_no_tpot():
 
 
 def test_summary_uses_vllm_names_and_formulas():
-    first = RequestMetrics.from_timestamps(0.0, [1.0, 2.0, 3.0], prompt_tokens=10)
-    second = RequestMetrics.from_timestamps(1.0, [1.5, 2.0], prompt_tokens=6)
-    summary = summarize([first, second], duration=4.0)
-    assert summary["completed"] == 2
-    assert summary["request_throughput"] == pytest.approx(0.5)
-    assert summary["output_throughput"] == pytest.approx(5 / 4)
-    assert summary["total_token_throughput"] == pytest.approx(21 / 4)
-    assert summary["mean_ttft_ms"] == pytest.approx(750.0)
-    assert summary["median_tpot_ms"] == pytest.approx(750.0)
-    assert summary["p99_itl_ms"] == pytest.approx(percentile([1000.0, 1000.0, 500.0], 99))
-    assert summary["mean_e2el_ms"] == pytest.approx(2000.0)
+    """Three requests worked out by hand (ms): TTFT 1000/500/100, TPOT 1000/500/300, E2EL 3000/1000/1000,
+    ITL 1000,1000 / 500 / 300,200,400; a fourth that produced nothing is not completed and not counted."""
+    requests = [
+        RequestMetrics.from_timestamps(0.0, [1.0, 2.0, 3.0], prompt_tokens=10),
+        RequestMetrics.from_timestamps(1.0, [1.5, 2.0], prompt_tokens=6),
+        RequestMetrics.from_timestamps(2.0, [2.1, 2.4, 2.6, 3.0], prompt_tokens=4),
+        RequestMetrics.from_timestamps(2.5, [], prompt_tokens=50),
+    ]
+    summary = summarize(requests, duration=4.0)
+    assert summary["completed"] == 3
+    assert (summary["total_input_tokens"], summary["total_output_tokens"]) == (20, 9)
+    assert summary["request_throughput"] == pytest.approx(0.75)
+    assert summary["output_throughput"] == pytest.approx(2.25)
+    assert summary["total_token_throughput"] == pytest.approx(7.25)
+    assert summary["mean_ttft_ms"] == pytest.approx(533.333, abs=1e-3)
+    assert summary["median_ttft_ms"] == pytest.approx(500.0)
+    assert summary["p90_ttft_ms"] == pytest.approx(900.0)  # 500 + 0.8 * (1000 - 500)
+    assert summary["p99_ttft_ms"] == pytest.approx(990.0)
+    assert summary["mean_tpot_ms"] == pytest.approx(600.0)
+    assert summary["median_tpot_ms"] == pytest.approx(500.0)
+    assert summary["mean_itl_ms"] == pytest.approx(566.667, abs=1e-3)
+    assert summary["median_itl_ms"] == pytest.approx(450.0)  # between 400 and 500 of 200,300,400,500,1000,1000
+    assert summary["p99_itl_ms"] == pytest.approx(1000.0)
+    assert summary["mean_e2el_ms"] == pytest.approx(1666.667, abs=1e-3)
+    assert summary["median_e2el_ms"] == pytest.approx(1000.0)
 
 
 def test_percentile_interpolates_like_numpy():

@@ -51,6 +51,9 @@ class BackendInfo:
     cuda_graphs: bool = False
     tensor_parallel_size: int = 1
     notices: tuple[str, ...] = ()
+    quantization: str = "none"
+    num_kv_heads: int = 0           # KV heads the cache holds per layer (after any GQA conversion)
+    kv_bytes_per_token: int = 0     # K and V of one token over all layers
 
 
 @dataclass
@@ -108,6 +111,11 @@ class Backend(Protocol):
         many in one call) is passed to `record` before its tokens reach their requests, so a caller
         who has its output can already see the step. Requests that finish are taken out."""
 
+    def score(self, token_ids: list[int]) -> torch.Tensor | None:
+        """float64 log-probabilities of token_ids[1:], each given the tokens before it, through this backend's
+        own forward pass (the perplexity of the loaded configuration). Called on the loop thread between
+        steps; None when it cannot run now (its KV cache is busy), to be asked again after a step."""
+
     def stats(self) -> BackendStats:
         """Current figures."""
 
@@ -124,6 +132,13 @@ def resolve_dtype(config: EngineConfig, hf_config, device: str) -> torch.dtype:
     stored = getattr(hf_config, "dtype", None)
     stored = DTYPES.get(stored, stored) if isinstance(stored, str) else stored
     return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def token_log_probs(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
+    """log p(target) under each row of `logits` ([len(targets), vocab]), in float64 on the CPU."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    index = torch.tensor(targets, device=logits.device).unsqueeze(1)
+    return log_probs.gather(1, index).squeeze(1).double().cpu()
 
 
 def kv_budget_bytes(config: EngineConfig, one_sequence_bytes: int, device: str) -> int:

@@ -13,7 +13,10 @@ metrics behave the same; only the work underneath differs:
   greedy requests and sampled ones go through `generate` (said in `notices`).
 
 The native-only knobs (paged vs contiguous layout, CUDA graphs, ...) have no meaning here and are
-listed in `notices` rather than silently dropped.
+listed in `notices` rather than silently dropped. A `quantization` level is applied through
+transformers' own quantization config for the same library (`engine/quant/levels.py`), so native
+and baseline compare like for like; checkpoints that come pre-quantized (GPTQ, AWQ) load here only,
+on a CUDA GPU with their kernels installed.
 """
 
 from __future__ import annotations
@@ -36,11 +39,15 @@ from engine.backends.base import (
     StepRecord,
     kv_budget_bytes,
     resolve_dtype,
+    token_log_probs,
 )
 from engine.config import EngineConfig
-from engine.core.metrics import peak_memory_bytes, tensor_bytes
+from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.errors import ModelLoadError
+from engine.quant.checkpoint import check_prequantized, prequantized_method
+from engine.quant.methods import check_level
+from engine.quant.storage import parameter_count, weight_storage_bytes
 
 CB_MIN_PAGE_SIZE = 4
 CB_POLL_SECONDS = 0.005
@@ -107,8 +114,6 @@ class HFBackend:
     """Serves the engine's requests with plain transformers: `generate` or its continuous batching manager."""
 
     def __init__(self, config: EngineConfig, path: Path, hf_config):
-        from transformers import AutoModelForCausalLM
-
         self.config = config
         self.device = config.resolved_device
         self.dtype = resolve_dtype(config, hf_config, self.device)
@@ -120,16 +125,8 @@ class HFBackend:
         self.max_num_seqs = config.max_num_seqs
         self.notices: list[str] = []
         torch.manual_seed(config.seed)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, trust_remote_code=False,
-                                                         use_safetensors=True,
-                                                         attn_implementation=_attn_implementation(config))
-        except OSError as error:  # no safetensors file: pickled checkpoints are never loaded
-            raise ModelLoadError(f"cannot load safetensors weights from {path.name}: "
-                                 f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
-        self.model = model.to(self.device).eval()
+        self.model = self._load_model(config, path, hf_config)
         self.pad_token_id = self._pad_token_id(hf_config)
-        self.weights_bytes = tensor_bytes(self.model)
         self._record: Callable[[StepRecord], None] = lambda step: None
         self.steps = 0
         self.peak_running = 0
@@ -146,10 +143,40 @@ class HFBackend:
         self.info = BackendInfo(
             backend="hf", attention=f"transformers {_attn_implementation(config)}",
             dtype=str(self.dtype).removeprefix("torch."), device=self.device,
-            num_params=sum(p.numel() for p in self.model.parameters()), vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len, notices=tuple(self.notices))
+            num_params=parameter_count(self.model), vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len, notices=tuple(self.notices), quantization=config.quantization,
+            num_kv_heads=getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads,
+            kv_bytes_per_token=_kv_bytes_per_token(hf_config, self.dtype))
 
     # ---- setup ---------------------------------------------------------------------------------
+
+    def _load_model(self, config: EngineConfig, path: Path, hf_config):
+        """The transformers model on its device, quantized by its library's transformers config when asked."""
+        from transformers import AutoModelForCausalLM
+
+        prequantized = prequantized_method(hf_config)
+        if prequantized:
+            check_prequantized(prequantized, self.device, config.quantization)
+        level = check_level(config.quantization, self.dtype)
+        options = {}
+        if level is not None or prequantized:  # transformers places quantized models; `.to()` is refused for them
+            options["device_map"] = {"": self.device}
+        if level is not None:
+            options["quantization_config"] = level.hf_config(self.dtype)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, trust_remote_code=False,
+                                                         use_safetensors=True,
+                                                         attn_implementation=_attn_implementation(config), **options)
+        except OSError as error:  # no safetensors file: pickled checkpoints are never loaded
+            raise ModelLoadError(f"cannot load safetensors weights from {path.name}: "
+                                 f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
+        except (ImportError, RuntimeError, ValueError) as error:  # a quantization backend missing or refusing
+            if not (prequantized or level):
+                raise
+            what = f"its {prequantized} quantization" if prequantized else f"quantization={config.quantization!r}"
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ModelLoadError(f"transformers cannot load this model with {what} here: {first_line}") from error
+        return (model if options else model.to(self.device)).eval()
 
     def _pad_token_id(self, hf_config) -> int:
         generation = getattr(self.model, "generation_config", None)
@@ -268,7 +295,7 @@ class HFBackend:
                 torch.manual_seed(params.seed)
         feeder = _StepFeeder(self, batch, sum(lengths))
         try:
-            with torch.inference_mode():
+            with torch.no_grad():  # not inference_mode: quanto's int4 weights are re-viewed on every call
                 self.model.generate(
                     input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
                     max_new_tokens=max_new, min_new_tokens=0, eos_token_id=None, pad_token_id=self.pad_token_id,
@@ -344,9 +371,14 @@ class HFBackend:
                 self._cb_forget(output.request_id)
 
     def _cb_record(self, outputs: list, now: float) -> None:
-        """One step record for the tokens the manager produced since the last drain."""
-        new_tokens = sum(len(output.generated_tokens) - self._cb_delivered[output.request_id]
-                         for output in outputs if output.request_id in self._cb_ids and output.error is None)
+        """One step record for the tokens the manager produced since the last drain.
+
+        A drain can hold several streamed snapshots of one request, each with all its tokens so far:
+        only the latest counts, or the same tokens would be counted once per snapshot.
+        """
+        generated = {output.request_id: len(output.generated_tokens) for output in outputs
+                     if output.request_id in self._cb_ids and output.error is None}
+        new_tokens = sum(count - self._cb_delivered[request_id] for request_id, count in generated.items())
         scheduler = getattr(self.manager.batch_processor, "scheduler", None)
         running = len(getattr(scheduler, "active_requests", {})) if scheduler is not None else len(self._cb_ids)
         self.record_step(now, now - self._last_drain, len(outputs), new_tokens, new_tokens, running)
@@ -358,6 +390,12 @@ class HFBackend:
     def _cb_cache(self):
         processor = getattr(self.manager, "batch_processor", None) if self.manager is not None else None
         return getattr(processor, "cache", None)
+
+    def score(self, token_ids: list[int]) -> torch.Tensor:
+        """Log-probabilities of token_ids[1:] from one transformers forward pass over the window."""
+        with torch.no_grad():  # not inference_mode, as in `_generate_batch`
+            logits = self.model(input_ids=torch.tensor([token_ids], device=self.device)).logits[0, :-1]
+        return token_log_probs(logits, token_ids[1:])
 
     def stats(self) -> BackendStats:
         cache = self._cb_cache()
@@ -371,7 +409,7 @@ class HFBackend:
             total_blocks = int(cache.num_blocks)
             free_blocks = int(total_blocks * cache.compute_free_capacity(relative=True))
         return BackendStats(
-            weights_bytes=self.weights_bytes, kv_cache_bytes=kv_bytes, kv_cache_used_bytes=used_bytes,
+            weights_bytes=weight_storage_bytes(self.model), kv_cache_bytes=kv_bytes, kv_cache_used_bytes=used_bytes,
             kv_blocks_total=total_blocks, kv_blocks_free=free_blocks,
             kv_block_size=self.manager.continuous_batching_config.page_size if self.manager else 0,
             num_running=len(self.running) + len(self._cb_ids), num_waiting=len(self.waiting),

@@ -28,6 +28,7 @@ from engine.backends.base import (
     StepRecord,
     kv_budget_bytes,
     resolve_dtype,
+    token_log_probs,
 )
 from engine.config import EngineConfig, flash_attn_available, tensor_parallel_reason
 from engine.core.block_manager import BlockManager
@@ -37,11 +38,15 @@ from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.errors import ConfigError
 from engine.model.sampler import SamplingTensors, sample
 from engine.model.spec import ModelSpec
-from engine.runner.build import RunnerSettings, count_native_parameters, kv_block_bytes
+from engine.quant.gqa import convert_spec
+from engine.quant.storage import parameter_count
+from engine.runner.build import RunnerSettings, kv_block_bytes
 from engine.runner.executor import make_executor
-from engine.runner.step_plan import plan_step
+from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
+from engine.sizing import native_meta_model
 
 FLASH_BLOCK_MULTIPLE = 256
+SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request ids are >= 0)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +106,8 @@ class NativeBackend:
 
     def __init__(self, config: EngineConfig, path: Path, hf_config):
         self.device = config.resolved_device
-        self.spec = ModelSpec.from_hf_config(hf_config)
+        checkpoint_spec = ModelSpec.from_hf_config(hf_config)
+        self.spec = convert_spec(checkpoint_spec, config.gqa)
         check_tensor_parallel(config, self.spec)
         self.dtype = resolve_dtype(config, hf_config, self.device)
         self.max_model_len = resolve_max_model_len(config, self.spec)
@@ -120,14 +126,17 @@ class NativeBackend:
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
                                    config.max_num_batched_tokens)
         self.executor = make_executor(
-            RunnerSettings(str(path), hf_config, self.dtype, self.device, attention_name, self.block_size, num_blocks,
-                           self.max_model_len, use_graphs, config.max_num_seqs),
+            RunnerSettings(str(path), hf_config, self.spec, checkpoint_spec.num_kv_heads, config.quantization,
+                           self.dtype, self.device, attention_name, self.block_size, num_blocks, self.max_model_len,
+                           use_graphs, config.max_num_seqs),
             config.tensor_parallel_size)
+        num_params = parameter_count(native_meta_model(self.spec, self.dtype, "none", self.device))
         self.info = BackendInfo(
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device, num_params=count_native_parameters(self.spec, hf_config),
-            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
-            tensor_parallel_size=config.tensor_parallel_size, notices=notices)
+            device=self.device, num_params=num_params, vocab_size=self.spec.vocab_size,
+            max_model_len=self.max_model_len, cuda_graphs=use_graphs, tensor_parallel_size=config.tensor_parallel_size,
+            notices=notices, quantization=config.quantization, num_kv_heads=self.spec.num_kv_heads,
+            kv_bytes_per_token=kv_block_bytes(self.spec, 1, self.dtype, config.tensor_parallel_size))
         self.steps = 0
 
     def add(self, request: Request) -> None:
@@ -194,6 +203,22 @@ class NativeBackend:
         except Exception as error:
             log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
             request.finish("error", f"{type(error).__name__}: {error}")
+
+    def score(self, token_ids: list[int]) -> torch.Tensor | None:
+        """Log-probabilities of token_ids[1:] given what precedes each, by one prefill of the whole window.
+
+        The window's K/V goes to fresh blocks (never the prefix cache), freed right after; None when
+        the running requests hold too many blocks for it now.
+        """
+        manager = self.block_manager
+        if manager.blocks_needed(len(token_ids)) > manager.num_free_blocks:
+            return None
+        table = manager.allocate_uncached(SCORING_SEQUENCE_ID, len(token_ids))
+        try:
+            logits = self.executor.execute(StepPlan([SequenceChunk(list(token_ids), 0, table, len(token_ids))]))
+        finally:
+            manager.free(SCORING_SEQUENCE_ID)
+        return token_log_probs(logits[:-1], token_ids[1:])
 
     def stats(self) -> BackendStats:
         manager = self.block_manager

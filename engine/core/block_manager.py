@@ -120,6 +120,17 @@ class BlockManager:
                 self.pending.setdefault(block_hash, seq_id)
         return len(hits) * self.block_size
 
+    def allocate_uncached(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Fresh blocks for a sequence whose K/V is scratch (a perplexity window): no prefix lookup, and
+        never hashed, so nothing it writes is ever served from the prefix cache. Release with `free`."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} already has blocks")
+        if self.blocks_needed(num_tokens) > self.num_free_blocks:
+            raise MemoryError("not enough free KV blocks")
+        self.tables[seq_id] = [self._take_free_block() for _ in range(self.blocks_needed(num_tokens))]
+        self.num_hashed[seq_id] = 0
+        return self.tables[seq_id]
+
     def can_grow(self, seq_id: int, num_tokens: int) -> bool:
         return self.blocks_needed(num_tokens) - len(self.tables[seq_id]) <= self.num_free_blocks
 

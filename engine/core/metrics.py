@@ -87,19 +87,6 @@ def summarize(metrics: list[RequestMetrics], duration: float) -> dict:
     return summary
 
 
-def tensor_bytes(module: torch.nn.Module) -> int:
-    """Bytes of every parameter and buffer, each storage counted once (tied weights share one)."""
-    seen: set[int] = set()
-    total = 0
-    for tensor in list(module.parameters()) + list(module.buffers()):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() in seen:
-            continue
-        seen.add(storage.data_ptr())
-        total += storage.nbytes()
-    return total
-
-
 def peak_memory_bytes(device: str) -> int:
     """Peak process memory: CUDA allocator peak on a GPU, peak resident set size on a CPU."""
     if device == "cuda":

@@ -7,8 +7,7 @@ are plain picklable data so they can be sent to a spawned worker as they are.
 
 Shard arithmetic lives here too, so the engine (which never holds a shard when N > 1), the
 memory estimate and the workers agree on it: each rank's KV pool holds its own KV heads (one
-replicated head when there are fewer KV heads than ranks), and `shard_weight_bytes` counts a
-rank's parameters on the meta device, vocabulary padding included, before anything is loaded.
+replicated head when there are fewer KV heads than ranks).
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ from engine.model.parallel import SINGLE_PROCESS, ParallelContext
 from engine.model.rotary import rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.weights import load_weights
+from engine.quant.gqa import install_kv_head_conversion
+from engine.quant.methods import linear_method_factory
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
@@ -32,10 +33,17 @@ from engine.runner.model_runner import ModelRunner
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    """What the engine resolved about the model and its KV pool: everything a process needs to build its runner."""
+    """What the engine resolved about the model and its KV pool: everything a process needs to build its runner.
+
+    `spec` has the head counts the model is built with; `checkpoint_kv_heads` differs from its
+    `num_kv_heads` when `gqa` converts the checkpoint's KV heads while they load.
+    """
 
     path: str
     hf_config: object
+    spec: ModelSpec
+    checkpoint_kv_heads: int
+    quantization: str
     dtype: torch.dtype
     device: str
     attention: str
@@ -44,10 +52,6 @@ class RunnerSettings:
     max_model_len: int
     cuda_graphs: bool
     max_num_seqs: int
-
-    @property
-    def spec(self) -> ModelSpec:
-        return ModelSpec.from_hf_config(self.hf_config)
 
 
 def rank_kv_spec(spec: ModelSpec, size: int) -> ModelSpec:
@@ -61,27 +65,16 @@ def kv_block_bytes(spec: ModelSpec, block_size: int, dtype: torch.dtype, size: i
     return size * bytes_per_block(rank_kv_spec(spec, size), block_size, dtype)
 
 
-def _meta_model(spec: ModelSpec, hf_config, dtype: torch.dtype, parallel: ParallelContext) -> LlamaForCausalLM:
-    """The model (one rank's shard of it) on the meta device: shapes without storage."""
-    cos, sin = rope_cos_sin(hf_config, 1)
-    return LlamaForCausalLM(spec, None, BuildContext(dtype, "meta", parallel), cos, sin)
-
-
-def shard_weight_bytes(spec: ModelSpec, hf_config, dtype: torch.dtype, parallel: ParallelContext) -> int:
-    """Bytes of one rank's parameters (tied weights once), counted before anything is loaded."""
-    return sum(p.numel() * p.element_size() for p in _meta_model(spec, hf_config, dtype, parallel).parameters())
-
-
-def count_native_parameters(spec: ModelSpec, hf_config) -> int:
-    """Parameters of the whole (unsharded) native model, tied weights once."""
-    return sum(p.numel() for p in _meta_model(spec, hf_config, torch.float32, SINGLE_PROCESS).parameters())
-
-
 def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
-                       max_model_len: int) -> LlamaForCausalLM:
-    """The native model (this rank's shard of it) with its checkpoint loaded, in eval mode."""
+                       max_model_len: int, checkpoint_kv_heads: int | None = None) -> LlamaForCausalLM:
+    """The native model (this rank's shard of it) with its checkpoint loaded, in eval mode.
+
+    `checkpoint_kv_heads` differs from `spec.num_kv_heads` when `gqa` converts the checkpoint's KV heads.
+    """
     cos, sin = rope_cos_sin(hf_config, max_model_len)
     model = LlamaForCausalLM(spec, attention, build, cos, sin)
+    if checkpoint_kv_heads is not None:
+        install_kv_head_conversion(model, checkpoint_kv_heads)
     load_weights(model, path)
     return model.eval()
 
@@ -90,9 +83,10 @@ def build_runner(settings: RunnerSettings, parallel: ParallelContext = SINGLE_PR
     """This process's model shard, KV pool (its KV heads) and decode graphs, ready to execute plans."""
     spec = settings.spec
     attention = make_attention(settings.attention, spec.head_dim, settings.block_size)
-    model = build_native_model(spec, settings.hf_config, Path(settings.path),
-                               BuildContext(settings.dtype, settings.device, parallel), attention,
-                               settings.max_model_len)
+    build = BuildContext(settings.dtype, settings.device, parallel,
+                         linear_method=linear_method_factory(settings.quantization, settings.device, settings.dtype))
+    model = build_native_model(spec, settings.hf_config, Path(settings.path), build, attention,
+                               settings.max_model_len, settings.checkpoint_kv_heads)
     kv_cache = KVCache(rank_kv_spec(spec, parallel.size), settings.num_blocks + int(settings.cuda_graphs),
                        settings.block_size, settings.dtype, settings.device,
                        head_major=settings.attention != "flash-attn")

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from engine.core.metrics import tensor_bytes
+from engine.quant.storage import weight_storage_bytes
 from engine.runner.build import RunnerSettings, build_runner
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import StepPlan
@@ -67,7 +67,7 @@ class LocalExecutor:
 
     def __init__(self, settings: RunnerSettings):
         self.runner: ModelRunner | None = build_runner(settings)
-        self._weights_bytes = tensor_bytes(self.runner.model)
+        self._weights_bytes = weight_storage_bytes(self.runner.model)
         self._kv_bytes = self.runner.kv_cache.nbytes
         self._seconds = 0.0
 

@@ -27,8 +27,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from engine.core.metrics import peak_memory_bytes, tensor_bytes
+from engine.core.metrics import peak_memory_bytes
 from engine.model.parallel import CollectiveTimer, ParallelContext
+from engine.quant.storage import weight_storage_bytes
 from engine.runner.build import RunnerSettings, build_runner
 
 LOOPBACK = "127.0.0.1"
@@ -94,7 +95,7 @@ class Worker:
         self.device = spec.settings.device
 
     def describe(self) -> dict:
-        return {"weights_bytes": tensor_bytes(self.runner.model), "kv_cache_bytes": self.runner.kv_cache.nbytes,
+        return {"weights_bytes": weight_storage_bytes(self.runner.model), "kv_cache_bytes": self.runner.kv_cache.nbytes,
                 "threads": torch.get_num_threads()}
 
     def serve(self) -> None:

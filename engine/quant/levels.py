@@ -1,0 +1,88 @@
+"""The quantization levels: what each is, which library computes it, where it runs, what it costs.
+
+A level is plain data plus functions from its library's adapter (`bnb_levels`, `quanto_levels`,
+`torchao_levels`): build the library's quantized linear module from a loaded full-precision
+weight, the bytes that module will hold (packed storage plus scales, known before loading, for
+`estimate_memory`), and the `transformers` quantization config that gives the hf baseline the
+same level. Nothing here imports a quantization library, so `engine.config` can list the levels
+and say which are available without loading any of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch import nn
+
+from engine.quant import bnb_levels, quanto_levels, torchao_levels
+
+
+@dataclass(frozen=True)
+class QuantLevel:
+    """One weight-quantization level and the library that implements it."""
+
+    name: str
+    library: str                      # the pip package, as the UI names it
+    module: str                       # its import name, to tell whether it is installed
+    summary: str
+    make_linear: Callable[[torch.Tensor, str], nn.Module]    # (loaded weight, device) -> quantized module
+    storage_bytes: Callable[[int, int, torch.dtype, str], int]  # (out, in, dtype, device) -> bytes held
+    hf_config: Callable[[torch.dtype], object]               # model dtype -> transformers quantization config
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    device_reason: str = ""           # why it cannot run on the devices it lacks
+    dtypes: tuple[torch.dtype, ...] | None = None            # compute dtypes it accepts (None: any)
+    shape_problem: Callable[[int, int, torch.dtype, str], str | None] = field(
+        default=lambda out_features, in_features, dtype, device: None)
+    slow_on: tuple[tuple[str, str], ...] = ()                # (device, note shown beside the choice)
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.module) is not None
+
+    def note(self, device: str) -> str | None:
+        return dict(self.slow_on).get(device)
+
+
+def _bitsandbytes_4bit(quant_type: str, summary: str) -> QuantLevel:
+    return QuantLevel(quant_type, bnb_levels.LIBRARY, bnb_levels.MODULE, summary,
+                      partial(bnb_levels.make_4bit, quant_type=quant_type), bnb_levels.four_bit_bytes,
+                      partial(bnb_levels.hf_4bit, quant_type=quant_type))
+
+
+def _quanto(weights: str, summary: str, storage_bytes, **options) -> QuantLevel:
+    return QuantLevel(f"quanto-{weights}", quanto_levels.LIBRARY, quanto_levels.MODULE, summary,
+                      partial(quanto_levels.make, weights=weights), storage_bytes,
+                      partial(quanto_levels.hf_config, weights=weights), **options)
+
+
+LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
+    QuantLevel("int8", bnb_levels.LIBRARY, bnb_levels.MODULE,
+               "LLM.int8: int8 weights, per-row scales, float16 outlier features",
+               bnb_levels.make_int8, bnb_levels.int8_bytes, bnb_levels.hf_int8,
+               slow_on=(("cpu", "slow on CPU: bitsandbytes quantizes every input row and splits out outliers "
+                                "(about 2.5x float32's time per token at batch 1 in our CPU table)"),)),
+    _bitsandbytes_4bit("nf4", "4-bit NormalFloat in blocks of 64 (QLoRA's format), compressed statistics"),
+    _bitsandbytes_4bit("fp4", "4-bit float in blocks of 64, compressed statistics"),
+    _quanto("int8", "int8 weights, per-row scales", quanto_levels.eight_bit_bytes,
+            shape_problem=quanto_levels.int8_shape_problem,
+            slow_on=(("cpu", "slow on CPU (about 2.6x float32's time per token at batch 1 in our CPU table)"),)),
+    _quanto("int4", "int4 weights, a scale and shift per group of up to 128 inputs", quanto_levels.int4_bytes,
+            slow_on=(("cpu", "slow on CPU: quanto unpacks the int4 weights on every call "
+                             "(about 3x float32's time per token at batch 1 in our CPU table)"),)),
+    _quanto("float8", "float8 (e4m3) weights, per-row scales", quanto_levels.eight_bit_bytes,
+            slow_on=(("cpu", "very slow on CPU: the float8 weights are dequantized on every call "
+                             "(about 7x float32's time per token at batch 1 in our CPU table)"),)),
+    QuantLevel("torchao-int8", torchao_levels.LIBRARY, torchao_levels.MODULE,
+               "int8 weight-only, per-row scales",
+               torchao_levels.make_int8, torchao_levels.int8_bytes, torchao_levels.hf_int8,
+               slow_on=(("cpu", "slower on CPU: torchao dequantizes the int8 weights on the fly "
+                                "(about 1.9x float32's time per token at batch 1 in our CPU table)"),)),
+    QuantLevel("torchao-int4", torchao_levels.LIBRARY, torchao_levels.MODULE,
+               "int4 weight-only, groups of 128, tinygemm's tile-packed layout",
+               torchao_levels.make_int4, torchao_levels.int4_bytes, torchao_levels.hf_int4,
+               devices=("cuda",), device_reason="torchao's int4 weight-only kernel (tinygemm) runs only on a CUDA GPU",
+               dtypes=(torch.bfloat16,), shape_problem=torchao_levels.int4_shape_problem),
+)}

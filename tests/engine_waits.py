@@ -1,0 +1,30 @@
+"""Waiting for the engine loop, which runs on its own thread.
+
+A caller's result arrives as soon as the request's last token is published, a moment before the loop
+releases that request's KV blocks; figures that depend on the release are read once the engine is idle.
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine import Engine
+
+
+def wait_until_idle(engine: Engine, timeout: float = 10.0) -> dict:
+    """A native engine's stats once nothing runs or waits and every KV block is back in the pool."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = engine.stats()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["kv_cache_used_bytes"] == 0:
+            return stats
+        time.sleep(0.01)
+    raise AssertionError("engine did not become idle")
+
+
+def wait_for_steps(engine: Engine, since: float, count: int, timeout: float = 30.0) -> None:
+    """Return once the engine has run `count` steps after `since` (a `time.perf_counter()` value)."""
+    deadline = time.monotonic() + timeout
+    while len(engine.step_history(since=since)) < count:
+        assert time.monotonic() < deadline, f"the engine ran fewer than {count} steps in {timeout} s"
+        time.sleep(0.002)

@@ -1,0 +1,42 @@
+"""The benchmark tools report quality beside speed: `--perplexity` and `python -m engine.precision_table`."""
+
+from __future__ import annotations
+
+import json
+
+from engine.bench import main as bench_main
+from engine.bench import parse_sets
+from engine.precision_table import default_rows
+from engine.precision_table import main as table_main
+
+
+def test_bench_perplexity_is_printed_and_written(tiny_chat_dir, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench_main(["--set", f"model={tiny_chat_dir}", "--num-prompts", "2", "--input-len", "4",
+                       "--output-len", "3", "--perplexity", "--compare", "continuous",
+                       "--compare-set", "quantization=nf4", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["perplexity"] > 1 and report["perplexity_tokens"] > 10_000
+    assert report["compare"]["quantization"] == "nf4" and report["compare"]["perplexity"] != report["perplexity"]
+    assert report["ratios"]["weights_bytes"] < 1
+    assert "perplexity" in capsys.readouterr().out
+
+
+def test_set_keeps_a_choice_spelled_like_none():
+    assert parse_sets(["quantization=none", "kv_cache_bytes=none", "gqa=2"]) == {
+        "quantization": "none", "kv_cache_bytes": None, "gqa": 2}
+
+
+def test_table_rows_cover_levels_and_kv_heads(tiny_chat_dir, tmp_path):
+    rows = default_rows("demo", "cpu")
+    assert {"quantization": "none"} in rows and {"quantization": "nf4"} in rows
+    assert {"quantization": "torchao-int4"} not in rows  # CUDA only
+    assert [row["gqa"] for row in rows if "gqa" in row] == [8, 4, 2, 1]
+    out = tmp_path / "table.json"
+    assert table_main(["--model", tiny_chat_dir, "--row", "quantization=none", "--row", "gqa=1",
+                       "--batch1-prompts", "1", "--concurrency", "2", "--input-len", "4", "--output-len", "3",
+                       "--kv-cache-bytes", "1MiB", "--json", str(out)]) == 0
+    none, mqa = json.loads(out.read_text())["rows"]
+    assert mqa["kv_bytes_per_token"] * 2 == none["kv_bytes_per_token"]  # 2 KV heads -> 1
+    assert mqa["kv_blocks"] >= 2 * none["kv_blocks"] and mqa["weights_ratio"] < 1
+    assert none["perplexity"] > 1 and mqa["perplexity"] != none["perplexity"]
