@@ -282,7 +282,7 @@ def test_engine_seed_makes_unseeded_sampling_reproducible(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("settings", [
-    dict(speculative="ngram"), dict(speculative="draft", draft_model="demo-draft"), dict(tensor_parallel_size=2),
+    dict(tensor_parallel_size=2),
 ])
 def test_settings_not_built_yet_are_refused(tiny_llama_dir, settings):
     name = next(iter(settings))
