@@ -43,13 +43,15 @@ RANDOM_MODELS = {
 RANDOM_MODEL_SEED = 0
 RATIO_KEYS = ["output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms", "peak_running",
-              "prefix_cache_hit_rate", "weights_bytes", "perplexity"]
+              "prefix_cache_hit_rate", "weights_bytes", "perplexity", "cpu_ms_per_output_token"]
 TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
               "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
               "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
-              "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes", "perplexity",
-              "tensor_parallel_size", "executor_seconds", "collective_seconds", "collective_share"]
+              "spec_acceptance_rate", "spec_decode_acceptance_length", "cpu_ms_per_output_token", "weights_bytes",
+              "kv_cache_bytes", "peak_memory_bytes", "perplexity", "tensor_parallel_size", "executor_seconds",
+              "collective_seconds", "collective_share"]
+SPEC_COUNTERS = ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")
 _SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
 _SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -182,9 +184,11 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         vocab = engine.info["vocab_size"]
         if warmup:
             send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
-        requests = build_workload(spec, vocab)
         before = engine.stats()
+        requests = build_workload(spec, vocab)
+        cpu_started = time.process_time()
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
+        cpu_seconds = time.process_time() - cpu_started
         quality = engine.perplexity() if perplexity else None
         stats = engine.stats()
         info = dict(engine.info)
@@ -202,7 +206,12 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
-        "spec_acceptance_rate": stats.get("spec_acceptance_rate", 0.0),
+        **speculative_figures(before, stats, resolved["speculative"] != "off"),
+        # CPU time of the whole process over the measured run: on a shared machine it moves far less than wall
+        # time with other people's load (it still includes their effect on caches).
+        "process_cpu_seconds": cpu_seconds,
+        "cpu_ms_per_output_token": 1000.0 * cpu_seconds / result["total_output_tokens"]
+        if result["total_output_tokens"] else 0.0,
         "peak_running": stats.get("peak_running"),
         "num_preemptions": stats.get("num_preemptions"),
         "weights_bytes": stats.get("weights_bytes"),
@@ -212,6 +221,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         **_step_time_split(before, stats),
         "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
         "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
+        "draft_model": info.get("draft_model"),
         "config": resolved,
         "quantization": info["quantization"], "num_kv_heads": info["num_kv_heads"],
         "kv_bytes_per_token": info["kv_bytes_per_token"],
@@ -228,6 +238,32 @@ def _step_time_split(before: dict, after: dict) -> dict:
     collective = after.get("collective_seconds", 0.0) - before.get("collective_seconds", 0.0)
     return {"executor_seconds": executor, "collective_seconds": collective,
             "collective_share": collective / executor if executor else 0.0}
+
+
+def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
+    """Acceptance over the measured requests only (the warm-up's verifications subtracted).
+
+    `spec_acceptance_rate` is accepted / proposed (DESIGN.md); with speculation on, vLLM's bench names
+    follow: its acceptance rate in percent, the acceptance length (1 + accepted per verification step,
+    the bonus token counted), the counters, and for each proposal position the share of verification
+    steps that accepted it. `spec_mean_accepted_tokens` is the acceptance length without the bonus token.
+    """
+    drafts, proposed, accepted = (after.get(key, 0) - before.get(key, 0) for key in SPEC_COUNTERS)
+    figures = {"spec_acceptance_rate": accepted / proposed if proposed else 0.0}
+    if not speculative:
+        return figures
+    per_position = [a - b for a, b in zip(after.get("spec_accepted_per_position", []),
+                                          before.get("spec_accepted_per_position", []), strict=True)]
+    figures.update({
+        "spec_decode_acceptance_rate": 100.0 * figures["spec_acceptance_rate"],
+        "spec_decode_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_draft_tokens": proposed,
+        "spec_decode_accepted_tokens": accepted,
+        "spec_decode_per_position_acceptance_rates": [count / drafts if drafts else 0.0 for count in per_position],
+        "spec_mean_accepted_tokens": accepted / drafts if drafts else 0.0,
+    })
+    return figures
 
 
 def ratios(base: dict, compare: dict) -> dict:
@@ -269,10 +305,15 @@ def format_table(base: dict, compare: dict | None = None, names: tuple[str, str]
 
 def _describe(result: dict) -> str:
     config = result["config"]
+    speculative = ""
+    if config["speculative"] != "off":
+        source = result.get("draft_model") or "n-gram"
+        speculative = f" speculative={config['speculative']} ({source}) k={config['num_speculative_tokens']}"
     return (f"{result['backend']} | batching={config['batching']} max_num_seqs={config['max_num_seqs']} "
             f"kv_layout={config['kv_layout']} prefix_caching={config['prefix_caching']} "
             f"attention={result['attention']} dtype={result['dtype']} device={result['device']} "
-            f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)")
+            f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)"
+            f"{speculative}")
 
 
 def source_revision() -> str | None:

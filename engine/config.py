@@ -34,7 +34,7 @@ CHOICES: dict[str, list[str]] = {
     "speculative": ["off", "draft", "ngram"],
 }
 
-_NOT_BUILT_YET = "not implemented in this engine yet"
+MAX_SPECULATIVE_TOKENS = 16
 
 
 def cuda_available() -> bool:
@@ -114,8 +114,6 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
             return level.device_reason
         if not level.installed():
             return f"the {level.library} package is not installed"
-    if field_name == "speculative" and value != "off":
-        return f"speculative decoding ({value}) is {_NOT_BUILT_YET}"
     if field_name == "tensor_parallel_size":
         return tensor_parallel_reason(value, device)
     return None
@@ -209,8 +207,19 @@ class EngineConfig:
         if self.kv_layout == "contiguous" and self.prefix_caching:
             raise ConfigError("prefix_caching shares KV blocks between requests and needs kv_layout='paged'; "
                               "turn prefix_caching off for the contiguous layout")
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}, got "
+                              f"{self.num_speculative_tokens}")
+        if self.speculative != "off" and self.backend == "hf":
+            raise ConfigError(f"speculative={self.speculative!r} runs inside the native engine's batching; the hf "
+                              "backend (transformers) verifies one sequence at a time: use backend='native' or 'auto'")
+        if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model.strip()):
+            raise ConfigError("draft_model must be a preset name, a local folder or a hub id (or unset for the "
+                              "model's curated draft)")
         if self.speculative == "draft" and not self.draft_model:
-            raise ConfigError("speculative='draft' needs draft_model")
+            from engine.spec.draft import resolve_draft_name
+
+            resolve_draft_name(self)
         if self.tensor_parallel_size > 1 and self.backend == "hf":
             raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
                               "process (use backend='native' or 'auto')")

@@ -8,6 +8,7 @@ plus scales); the KV pool is sized by the same rule, and the same converted head
 engine uses. Other architectures and the hf backend are counted from transformers' own model on
 the meta device, each linear layer transformers quantizes (all but the LM head) at its level's size;
 a pre-quantized checkpoint (GPTQ, AWQ) by its safetensors files, which hold its packed tensors.
+A speculative draft model adds its (full-precision) weights, and its KV pool shares the KV budget.
 With tensor parallelism each rank's shard is built and counted (replicated norms and KV heads, the
 vocabulary padded to an even split), and the KV pool's blocks cover every rank's heads.
 """
@@ -111,12 +112,20 @@ def estimate_memory(config: EngineConfig) -> MemoryEstimate:
         weights = hf_weights_bytes(hf_config, dtype, config.quantization, device)
         return MemoryEstimate(weights, config.kv_cache_bytes or 0)
     spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
-    max_model_len = resolve_max_model_len(config, spec)
-    block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
-    blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device)
     size = config.tensor_parallel_size
     rank_weights = tuple(native_weights_bytes(spec, dtype, config.quantization, device, ParallelContext(rank, size))
                          for rank in range(size))
+    weights = sum(rank_weights)
+    draft_specs = []
+    if config.speculative == "draft":
+        from engine.spec.draft import resolve_draft_name
+
+        draft_specs.append(ModelSpec.from_hf_config(load_hf_config(resolve_model_path(resolve_draft_name(config)))))
+        weights += native_weights_bytes(draft_specs[0], dtype, "none", device)
+    max_model_len = resolve_max_model_len(config, spec, *draft_specs)
+    block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
+    blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device, *draft_specs)
     rank_kv = (blocks * bytes_per_block(rank_kv_spec(spec, size), block_size, dtype),) * size
-    return MemoryEstimate(sum(rank_weights), sum(rank_kv), kv_block_bytes(spec, 1, dtype, size), blocks, rank_weights,
-                          rank_kv)
+    draft_kv = sum(blocks * bytes_per_block(s, block_size, dtype) for s in draft_specs)
+    return MemoryEstimate(weights, sum(rank_kv) + draft_kv, kv_block_bytes(spec, 1, dtype, size), blocks,
+                          rank_weights, rank_kv)

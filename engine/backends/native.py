@@ -6,9 +6,14 @@ large allocation. A step is: schedule -> plan (plain data) -> execute (logits) -
 hand tokens to their requests -> commit computed blocks. A request whose own processing fails
 (unusable logits, a detokenizer error) fails alone; the rest of its step carries on.
 
-The model runs behind an executor (`engine/runner/executor.py`): in this process, or sharded
-over `tensor_parallel_size` worker processes. The scheduler, block manager and sampler stay
-here either way; with N ranks a block's bytes are every rank's share of it together.
+With speculative decoding (`engine/spec/`), a step first has the proposer suggest tokens for the
+running requests, the scheduler appends them after each request's new token, and the rejection
+rule replaces sampling: each request takes its accepted proposals plus one token of the target's.
+A draft model runs as a second native model whose KV pool shares the target's block tables.
+
+The target model runs behind an executor (`engine/runner/executor.py`): in this process, or
+sharded over `tensor_parallel_size` worker processes. The scheduler, block manager, proposer and
+sampler stay here either way; with N ranks a block's bytes are every rank's share of it together.
 """
 
 from __future__ import annotations
@@ -36,14 +41,22 @@ from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.errors import ConfigError
+from engine.model.attention import make_attention
+from engine.model.linear import BuildContext
 from engine.model.sampler import SamplingTensors, sample
 from engine.model.spec import ModelSpec
 from engine.quant.gqa import convert_spec
-from engine.quant.storage import parameter_count
-from engine.runner.build import RunnerSettings, kv_block_bytes
+from engine.quant.storage import parameter_count, weight_storage_bytes
+from engine.runner.build import RunnerSettings, build_native_model, kv_block_bytes
+from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.executor import make_executor
+from engine.runner.kv_cache import KVCache, bytes_per_block
+from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
 from engine.sizing import native_meta_model
+from engine.spec.draft import DraftCheckpoint, DraftModelProposer, load_draft_checkpoint
+from engine.spec.ngram import NgramProposer
+from engine.spec.speculator import Speculator
 
 FLASH_BLOCK_MULTIPLE = 256
 SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request ids are >= 0)
@@ -51,10 +64,10 @@ SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request
 log = logging.getLogger(__name__)
 
 
-def resolve_max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
-    limit = spec.max_position_embeddings
-    if spec.sliding_window:
-        limit = min(limit, spec.sliding_window)
+def resolve_max_model_len(config: EngineConfig, spec: ModelSpec, *more_specs: ModelSpec) -> int:
+    """The context length: as configured, or the default; never past what every model (a draft too) supports."""
+    limit = min(min(s.max_position_embeddings, s.sliding_window or s.max_position_embeddings)
+                for s in (spec, *more_specs))
     if config.max_model_len is None:
         return min(limit, DEFAULT_MAX_MODEL_LEN)
     if config.max_model_len > limit:
@@ -87,18 +100,32 @@ def check_tensor_parallel(config: EngineConfig, spec: ModelSpec) -> None:
 
 
 def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, max_model_len: int,
-                      dtype: torch.dtype, device: str) -> int:
+                      dtype: torch.dtype, device: str, draft_spec: ModelSpec | None = None) -> int:
     """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset.
 
-    With tensor parallelism the budget covers every rank's share of a block together.
-    """
+    A draft model's pool has as many blocks as the target's, paid from the same budget. With tensor
+    parallelism the budget covers every rank's share of a block together."""
     block_bytes = kv_block_bytes(spec, block_size, dtype, config.tensor_parallel_size)
+    if draft_spec is not None:
+        block_bytes += bytes_per_block(draft_spec, block_size, dtype)
     one_sequence = -(-max_model_len // block_size) * block_bytes
     budget = kv_budget_bytes(config, one_sequence, device)
     if budget < one_sequence:
         raise ConfigError(f"kv_cache_bytes={budget} cannot hold one sequence of max_model_len={max_model_len} "
                           f"tokens (needs {one_sequence} bytes); raise it or lower max_model_len")
     return budget // block_bytes
+
+
+def build_draft_runner(draft: DraftCheckpoint, build: BuildContext, attention_name: str, block_size: int,
+                       num_blocks: int, max_model_len: int, max_num_seqs: int, use_graphs: bool) -> ModelRunner:
+    """The draft model over its own KV pool: as many blocks as the target's, addressed by the same tables."""
+    attention = make_attention(attention_name, draft.spec.head_dim, block_size)
+    model = build_native_model(draft.spec, draft.hf_config, draft.path, build, attention, max_model_len)
+    kv_cache = KVCache(draft.spec, num_blocks + int(use_graphs), block_size, build.dtype, build.device,
+                       head_major=attention_name != "flash-attn")
+    graphs = (DecodeGraphs(model, kv_cache.layers, max_num_seqs, -(-max_model_len // block_size), num_blocks,
+                           block_size, build.device) if use_graphs else None)
+    return ModelRunner(model, kv_cache, build.device, attention_name, graphs)
 
 
 class NativeBackend:
@@ -110,11 +137,13 @@ class NativeBackend:
         self.spec = convert_spec(checkpoint_spec, config.gqa)
         check_tensor_parallel(config, self.spec)
         self.dtype = resolve_dtype(config, hf_config, self.device)
-        self.max_model_len = resolve_max_model_len(config, self.spec)
+        draft = load_draft_checkpoint(config, path, hf_config) if config.speculative == "draft" else None
+        draft_spec = draft.spec if draft else None
+        self.max_model_len = resolve_max_model_len(config, self.spec, *([draft_spec] if draft else []))
         attention_name = resolve_attention(config, self.device, self.dtype)
         self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
         num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
-                                       self.device)
+                                       self.device, draft_spec)
         self.kv_block_bytes = kv_block_bytes(self.spec, self.block_size, self.dtype, config.tensor_parallel_size)
         torch.manual_seed(config.seed)
         use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
@@ -124,26 +153,45 @@ class NativeBackend:
                                           "collectives inside)",)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
+                                   config.max_num_batched_tokens, mirrors_draft_kv=draft is not None)
         self.executor = make_executor(
             RunnerSettings(str(path), hf_config, self.spec, checkpoint_spec.num_kv_heads, config.quantization,
                            self.dtype, self.device, attention_name, self.block_size, num_blocks, self.max_model_len,
                            use_graphs, config.max_num_seqs),
             config.tensor_parallel_size)
-        num_params = parameter_count(native_meta_model(self.spec, self.dtype, "none", self.device))
+        self.draft_runner = None
+        self.speculator = None
+        if config.speculative == "draft":
+            self.draft_runner = build_draft_runner(draft, BuildContext(self.dtype, self.device), attention_name,
+                                                   self.block_size, num_blocks, self.max_model_len,
+                                                   config.max_num_seqs, use_graphs)
+            proposer = DraftModelProposer(self.draft_runner, self.block_manager, self.spec.vocab_size)
+            self.speculator = Speculator(proposer, config.num_speculative_tokens, self.max_model_len)
+        elif config.speculative == "ngram":
+            self.speculator = Speculator(NgramProposer(), config.num_speculative_tokens, self.max_model_len)
+        self.draft_weights_bytes = weight_storage_bytes(self.draft_runner.model) if self.draft_runner else 0
         self.info = BackendInfo(
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device, num_params=num_params, vocab_size=self.spec.vocab_size,
-            max_model_len=self.max_model_len, cuda_graphs=use_graphs, tensor_parallel_size=config.tensor_parallel_size,
-            notices=notices, quantization=config.quantization, num_kv_heads=self.spec.num_kv_heads,
-            kv_bytes_per_token=kv_block_bytes(self.spec, 1, self.dtype, config.tensor_parallel_size))
+            device=self.device, num_params=parameter_count(native_meta_model(self.spec, self.dtype, "none",
+                                                                              self.device)),
+            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
+            tensor_parallel_size=config.tensor_parallel_size, notices=notices,
+            quantization=config.quantization, num_kv_heads=self.spec.num_kv_heads,
+            kv_bytes_per_token=kv_block_bytes(self.spec, 1, self.dtype, config.tensor_parallel_size),
+            draft_model=draft.name if draft else None,
+            draft_num_params=parameter_count(self.draft_runner.model) if draft else 0)
         self.steps = 0
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
 
     def abort(self, request: Request) -> None:
+        self._remove(request)
+
+    def _remove(self, request: Request) -> None:
         self.scheduler.remove(request)
+        if self.speculator:
+            self.speculator.release(request)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -154,52 +202,69 @@ class NativeBackend:
     def step(self, record: Callable[[StepRecord], None]) -> None:
         """One engine step. A model failure fails the step's requests; the others keep going."""
         started = time.perf_counter()
+        if self.speculator:
+            try:
+                self.speculator.propose(self.scheduler.running)
+            except Exception as error:  # the draft model failed: its K/V is unknown, so its requests fail
+                self._fail(list(self.scheduler.running), error)
+                return
+        proposed = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
         plan = plan_step(scheduled)
+        completing = [item for item in scheduled if item.num_logits]
         try:
             logits = self.executor.execute(plan)
-            tokens, valid = self._sample(scheduled, logits)
+            tokens, valid = self._next_tokens(completing, logits)
         except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
-            log.error("model step failed:\n%s", traceback.format_exc())
-            for item in scheduled:
-                self.scheduler.remove(item.request)
-                item.request.finish("error", f"{type(error).__name__}: {error}")
+            self._fail([item.request for item in scheduled], error)
             return
         now = time.perf_counter()
-        completing = [item for item in scheduled if item.num_logits]
+        proposed_tokens = sum(len(item.speculative_token_ids) for item in completing)
         record(StepRecord(time=now, duration=now - started, batch_size=len(scheduled), num_tokens=plan.num_tokens,
-                          num_decode_tokens=len(completing), num_running=len(self.scheduler.running),
-                          kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks))
-        for item, token, usable in zip(completing, tokens, valid, strict=True):
-            self._deliver(item.request, token, usable, now)
+                          num_decode_tokens=len(completing) + proposed_tokens, num_running=len(self.scheduler.running),
+                          kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
+                          num_output_tokens=sum(len(t) for t in tokens), spec_proposed=proposed_tokens,
+                          spec_accepted=sum(len(t) - 1 for t in tokens), propose_duration=proposed - started))
+        for item, new_tokens, usable in zip(completing, tokens, valid, strict=True):
+            self._deliver(item.request, new_tokens, usable, now)
         # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
         self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
         for item in scheduled:
             if item.request.finished:
-                self.scheduler.remove(item.request)
+                self._remove(item.request)
         self.steps += 1
 
-    def _sample(self, scheduled: list[ScheduledRequest], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
-        """One token per completing request (the sampler works on the whole batch at once)."""
-        rows = [item.request for item in scheduled if item.num_logits]
-        if not rows:
+    def _fail(self, requests: list[Request], error: Exception) -> None:
+        log.error("model step failed:\n%s", traceback.format_exc())
+        for request in requests:
+            self._remove(request)
+            request.finish("error", f"{type(error).__name__}: {error}")
+
+    def _next_tokens(self, completing: list[ScheduledRequest], logits: torch.Tensor) -> tuple[list[list[int]],
+                                                                                              list[bool]]:
+        """The tokens each completing request gets: one sampled, or its verified proposals plus one."""
+        if not completing:
             return [], []
+        if self.speculator:
+            verified = self.speculator.verify(completing, logits)
+            return verified.tokens, verified.valid
+        rows = [item.request for item in completing]
         settings = SamplingTensors.build(
             [r.params.temperature for r in rows], [r.params.top_k for r in rows], [r.params.top_p for r in rows],
             [r.seed for r in rows], [len(r.output_token_ids) for r in rows], logits.device)
         sampled = sample(logits, settings)
-        return sampled.tokens.tolist(), sampled.valid.tolist()
+        return [[token] for token in sampled.tokens.tolist()], sampled.valid.tolist()
 
     @staticmethod
-    def _deliver(request: Request, token: int, usable: bool, now: float) -> None:
-        """Give a request its token; a failure here ends this request only."""
+    def _deliver(request: Request, tokens: list[int], usable: bool, now: float) -> None:
+        """Give a request its tokens; a failure here ends this request only."""
         if not usable:
             request.finish("error", "the model produced unusable scores (NaN or infinite logits) for this request")
             return
         try:
-            request.append_tokens([token], now)
+            request.append_tokens(tokens, now)
         except Exception as error:
             log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
             request.finish("error", f"{type(error).__name__}: {error}")
@@ -221,25 +286,44 @@ class NativeBackend:
         return token_log_probs(logits[:-1], token_ids[1:])
 
     def stats(self) -> BackendStats:
+        """Figures of both KV pools together (a draft's blocks are allocated alongside the target's), with
+        the draft's share and the speculative counters broken out."""
         manager = self.block_manager
         used_blocks = manager.num_blocks - manager.num_free_blocks
+        draft_kv = self.draft_runner.kv_cache if self.draft_runner else None
+        block_bytes = self.kv_block_bytes + (draft_kv.block_bytes if draft_kv else 0)
+        draft_kv_bytes = draft_kv.nbytes if draft_kv else 0
+        spec = self.speculator.stats if self.speculator else None
         executor = self.executor.stats()
         return BackendStats(
-            weights_bytes=sum(executor.rank_weights_bytes), kv_cache_bytes=sum(executor.rank_kv_cache_bytes),
-            kv_cache_used_bytes=used_blocks * self.kv_block_bytes, kv_blocks_total=manager.num_blocks,
+            weights_bytes=sum(executor.rank_weights_bytes) + self.draft_weights_bytes,
+            kv_cache_bytes=sum(executor.rank_kv_cache_bytes) + draft_kv_bytes,
+            kv_cache_used_bytes=used_blocks * block_bytes, kv_blocks_total=manager.num_blocks,
             kv_blocks_free=manager.num_free_blocks, kv_block_size=self.block_size,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             peak_running=self.scheduler.peak_running, num_preemptions=self.scheduler.num_preemptions,
-            prefix_cache_hit_rate=self.scheduler.prefix_cache_hit_rate, spec_acceptance_rate=0.0,
+            prefix_cache_hit_rate=self.scheduler.prefix_cache_hit_rate,
+            spec_acceptance_rate=spec.acceptance_rate if spec else 0.0,
             peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps,
+            spec_num_drafts=spec.num_drafts if spec else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+            spec_mean_accepted_tokens=spec.mean_accepted_tokens if spec else 0.0,
+            spec_accepted_per_position=list(spec.accepted_per_position) if spec else [],
+            draft_weights_bytes=self.draft_weights_bytes, draft_kv_cache_bytes=draft_kv_bytes,
+            draft_kv_blocks_total=manager.num_blocks if draft_kv else 0,
+            draft_kv_blocks_free=manager.num_free_blocks if draft_kv else 0,
             notes=[f"model steps fail: {executor.failure}"] if executor.failure else [],
             tensor_parallel_size=executor.size, rank_pids=executor.rank_pids,
             rank_weights_bytes=executor.rank_weights_bytes, rank_kv_cache_bytes=executor.rank_kv_cache_bytes,
-            rank_threads=executor.rank_threads,
-            rank_collective_seconds=executor.rank_collective_seconds, executor_seconds=executor.executor_seconds,
-            collective_seconds=executor.collective_seconds, collective_share=executor.collective_share)
+            rank_threads=executor.rank_threads, rank_collective_seconds=executor.rank_collective_seconds,
+            executor_seconds=executor.executor_seconds, collective_seconds=executor.collective_seconds,
+            collective_share=executor.collective_share)
 
     def close(self) -> None:
         self.executor.close()
+        if self.speculator:
+            self.speculator.close()
+        self.draft_runner = None
         if self.device == "cuda":
             torch.cuda.empty_cache()
