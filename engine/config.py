@@ -223,9 +223,6 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.backend == "hf":
             raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
                               "process (use backend='native' or 'auto')")
-        if self.tensor_parallel_size > 1 and self.speculative != "off":
-            raise ConfigError("speculative decoding with tensor_parallel_size > 1 is not supported yet; use one "
-                              "of them at a time")
         for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:

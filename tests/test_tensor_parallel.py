@@ -2,10 +2,11 @@
 
 Greedy output with N=2 equals N=1 in float32 on random models with GQA, MHA and fewer KV heads
 than ranks (replicated), under both batching modes, both KV layouts, prefix caching and chunked
-prefill. A worker killed or stopped mid-generation fails the waiting callers within seconds; after
-`close()` no worker process or listening port is left, also when the engine's process is killed
-or interrupted. Bad sizes are refused with one clear message. Starting workers costs seconds, so
-each engine here serves several checks.
+prefill, and with speculative decoding (n-gram, draft model). A worker killed or stopped
+mid-generation fails the waiting callers within seconds; after `close()` no worker process or
+listening port is left, also when the engine's process is killed or interrupted. Bad sizes are
+refused with one clear message. Starting workers costs seconds, so each engine here serves
+several checks.
 """
 
 from __future__ import annotations
@@ -300,8 +301,32 @@ def test_more_ranks_than_gpus_are_refused_on_cuda():
         EngineConfig(device="cuda", tensor_parallel_size=torch.cuda.device_count() + 1).validate()
 
 
-def test_combinations_tensor_parallelism_cannot_serve_are_refused():
+def test_the_hf_backend_is_refused():
     with pytest.raises(ConfigError, match="hf backend"):
         EngineConfig(backend="hf", tensor_parallel_size=2).validate()
-    with pytest.raises(ConfigError, match="speculative decoding with tensor_parallel_size > 1"):
-        EngineConfig(speculative="ngram", tensor_parallel_size=2).validate()
+
+
+# ---- speculative decoding on two ranks -----------------------------------------------------------------
+
+CHATS = [[{"role": "user", "content": q}] for q in ("What does the json module do?", "How do I sort a list?")]
+
+
+@pytest.fixture(scope="module")
+def demo_greedy() -> list[list[int]]:
+    with Engine(EngineConfig(model="demo", dtype="float32")) as engine:
+        return [o.token_ids for o in engine.generate(CHATS, SamplingParams(max_tokens=40))]
+
+
+@pytest.mark.parametrize("speculative", ["ngram", "draft"])
+def test_speculative_decoding_verifies_on_two_ranks(speculative, demo_greedy):
+    """The proposer (and a draft model) run in the engine's process; the ranks score the proposals. Greedy output
+    equals plain N=1 greedy, proposals were made and some accepted, and memory adds up as estimated."""
+    config = EngineConfig(model="demo", dtype="float32", tensor_parallel_size=2, speculative=speculative)
+    with Engine(config) as engine:
+        assert [o.token_ids for o in engine.generate(CHATS, SamplingParams(max_tokens=40))] == demo_greedy
+        stats = engine.stats()
+    assert stats["spec_num_draft_tokens"] > 0 and stats["spec_num_accepted_tokens"] > 0
+    estimate = estimate_memory(config)
+    assert estimate.weights_bytes == stats["weights_bytes"]
+    assert estimate.kv_cache_bytes == stats["kv_cache_bytes"]
+    assert list(estimate.rank_weights_bytes) == stats["rank_weights_bytes"]
