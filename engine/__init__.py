@@ -14,6 +14,7 @@ from engine.config import (
     list_presets,
     load_preset,
     preset_description,
+    tensor_parallel_reason,
     unavailable_reason,
 )
 from engine.core.metrics import RequestMetrics, describe_device
@@ -29,4 +30,5 @@ from engine.sizing import MemoryEstimate, estimate_memory
 __all__ = ["CHOICES", "ConfigError", "DecodeProfile", "Engine", "EngineConfig", "EngineError", "MemoryEstimate",
            "ModelEntry", "ModelLoadError", "PerplexityResult", "RequestError", "RequestMetrics", "RequestOutput",
            "SamplingParams", "StepRecord", "StreamDelta", "choice_note", "describe_device", "estimate_memory",
-           "list_models", "list_presets", "load_preset", "preset_description", "unavailable_reason"]
+           "list_models", "list_presets", "load_preset", "preset_description", "tensor_parallel_reason",
+           "unavailable_reason"]

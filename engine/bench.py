@@ -42,15 +42,17 @@ RANDOM_MODELS = {
                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
 }
 RANDOM_MODEL_SEED = 0
-RATIO_KEYS = ["output_throughput", "output_throughput_per_cpu_second", "request_throughput", "total_token_throughput",
-              "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms",
-              "median_e2el_ms", "peak_running", "prefix_cache_hit_rate", "weights_bytes", "perplexity"]
-TABLE_KEYS = ["completed", "duration", "cpu_time", "total_input_tokens", "total_output_tokens", "request_throughput",
-              "output_throughput", "output_throughput_per_cpu_second", "total_token_throughput", "mean_ttft_ms",
-              "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
-              "median_itl_ms", "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running",
-              "prefix_cache_hit_rate", "spec_acceptance_rate", "weights_bytes", "kv_cache_bytes", "peak_memory_bytes",
-              "perplexity"]
+RATIO_KEYS = ["output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
+              "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms", "peak_running",
+              "prefix_cache_hit_rate", "weights_bytes", "perplexity", "cpu_ms_per_output_token"]
+TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
+              "spec_acceptance_rate", "spec_decode_acceptance_length", "cpu_ms_per_output_token", "weights_bytes",
+              "kv_cache_bytes", "peak_memory_bytes", "perplexity", "tensor_parallel_size", "executor_seconds",
+              "collective_seconds", "collective_share"]
+SPEC_COUNTERS = ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")
 _SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
 _SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
@@ -175,9 +177,8 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
     """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config
     (and, with `perplexity`, the held-out perplexity of the configuration, measured after the workload).
 
-    `cpu_time` is the process's CPU time during the timed run (all threads): unlike the duration, other
-    processes on the machine do not inflate it. With `profile`, the run's decode steps are set against
-    their matmul floor (`Engine.decode_profile`), measured after the run in this process.
+    With `profile`, the run's decode steps are set against their matmul floor (`Engine.decode_profile`),
+    measured after the run in this process.
     """
     from engine import Engine
 
@@ -188,10 +189,11 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         vocab = engine.info["vocab_size"]
         if warmup:
             send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
+        before = engine.stats()
         requests = build_workload(spec, vocab)
         started, cpu_started = time.perf_counter(), time.process_time()
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
-        cpu_time = time.process_time() - cpu_started
+        cpu_seconds = time.process_time() - cpu_started
         decode_profile = engine.decode_profile(since=started) if profile else None
         quality = engine.perplexity() if perplexity else None
         stats = engine.stats()
@@ -205,24 +207,29 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
     metrics = [o.metrics for o in outputs]
     result = summarize(metrics, duration)
     prompt_tokens = sum(m.prompt_tokens for m in metrics)
-    output_tokens = sum(m.output_tokens for m in metrics)
     result.update({
-        "cpu_time": cpu_time,
-        "output_throughput_per_cpu_second": output_tokens / cpu_time if cpu_time else None,
         "decode_profile": asdict(decode_profile) if decode_profile else None,
         "decode_profile_text": decode_profile.format() if decode_profile else None,
         "num_prompts": len(requests),
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
         "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
-        "spec_acceptance_rate": stats.get("spec_acceptance_rate", 0.0),
+        **speculative_figures(before, stats, resolved["speculative"] != "off"),
+        # CPU time of the whole process over the measured run: on a shared machine it moves far less than wall
+        # time with other people's load (it still includes their effect on caches).
+        "process_cpu_seconds": cpu_seconds,
+        "cpu_ms_per_output_token": 1000.0 * cpu_seconds / result["total_output_tokens"]
+        if result["total_output_tokens"] else 0.0,
         "peak_running": stats.get("peak_running"),
         "num_preemptions": stats.get("num_preemptions"),
         "weights_bytes": stats.get("weights_bytes"),
         "kv_cache_bytes": stats.get("kv_cache_bytes"),
         "peak_memory_bytes": stats.get("peak_memory_bytes"),
+        **{key: stats.get(key) for key in ("tensor_parallel_size", "rank_weights_bytes", "rank_kv_cache_bytes")},
+        **_step_time_split(before, stats),
         "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
         "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
+        "draft_model": info.get("draft_model"),
         "config": resolved,
         "quantization": info["quantization"], "num_kv_heads": info["num_kv_heads"],
         "kv_bytes_per_token": info["kv_bytes_per_token"],
@@ -231,6 +238,40 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         result.update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
                        "perplexity_seconds": quality.seconds, "perplexity_text": quality.source})
     return result
+
+
+def _step_time_split(before: dict, after: dict) -> dict:
+    """Seconds of model steps during the measured run, and the share rank 0 spent in collectives."""
+    executor = after.get("executor_seconds", 0.0) - before.get("executor_seconds", 0.0)
+    collective = after.get("collective_seconds", 0.0) - before.get("collective_seconds", 0.0)
+    return {"executor_seconds": executor, "collective_seconds": collective,
+            "collective_share": collective / executor if executor else 0.0}
+
+
+def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
+    """Acceptance over the measured requests only (the warm-up's verifications subtracted).
+
+    `spec_acceptance_rate` is accepted / proposed (DESIGN.md); with speculation on, vLLM's bench names
+    follow: its acceptance rate in percent, the acceptance length (1 + accepted per verification step,
+    the bonus token counted), the counters, and for each proposal position the share of verification
+    steps that accepted it. `spec_mean_accepted_tokens` is the acceptance length without the bonus token.
+    """
+    drafts, proposed, accepted = (after.get(key, 0) - before.get(key, 0) for key in SPEC_COUNTERS)
+    figures = {"spec_acceptance_rate": accepted / proposed if proposed else 0.0}
+    if not speculative:
+        return figures
+    per_position = [a - b for a, b in zip(after.get("spec_accepted_per_position", []),
+                                          before.get("spec_accepted_per_position", []), strict=True)]
+    figures.update({
+        "spec_decode_acceptance_rate": 100.0 * figures["spec_acceptance_rate"],
+        "spec_decode_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_draft_tokens": proposed,
+        "spec_decode_accepted_tokens": accepted,
+        "spec_decode_per_position_acceptance_rates": [count / drafts if drafts else 0.0 for count in per_position],
+        "spec_mean_accepted_tokens": accepted / drafts if drafts else 0.0,
+    })
+    return figures
 
 
 def ratios(base: dict, compare: dict) -> dict:
@@ -272,10 +313,15 @@ def format_table(base: dict, compare: dict | None = None, names: tuple[str, str]
 
 def _describe(result: dict) -> str:
     config = result["config"]
+    speculative = ""
+    if config["speculative"] != "off":
+        source = result.get("draft_model") or "n-gram"
+        speculative = f" speculative={config['speculative']} ({source}) k={config['num_speculative_tokens']}"
     return (f"{result['backend']} | batching={config['batching']} max_num_seqs={config['max_num_seqs']} "
             f"kv_layout={config['kv_layout']} prefix_caching={config['prefix_caching']} "
             f"attention={result['attention']} dtype={result['dtype']} device={result['device']} "
-            f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)")
+            f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)"
+            f"{speculative}")
 
 
 def source_revision() -> str | None:
@@ -405,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  if v is not None))
     if len(round_ratios) > 1:
         report["round_ratios"] = round_ratios
-        for key in ("output_throughput", "output_throughput_per_cpu_second", "mean_tpot_ms"):
+        for key in ("output_throughput", "cpu_ms_per_output_token", "mean_tpot_ms"):
             values = [r[key] for r in round_ratios if r.get(key) is not None]
             if values:
                 print(f"{key} compare/base per round: {' '.join(f'{v:.2f}x' for v in values)}; "

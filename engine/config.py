@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ CHOICES: dict[str, list[str]] = {
     "speculative": ["off", "draft", "ngram"],
 }
 
-_NOT_BUILT_YET = "not implemented in this engine yet"
+MAX_SPECULATIVE_TOKENS = 16
 
 
 def cuda_available() -> bool:
@@ -49,6 +50,48 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     return device
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def tensor_parallel_reason(size, device: str = "auto", num_heads: int | None = None,
+                           num_kv_heads: int | None = None, intermediate_size: int | None = None) -> str | None:
+    """Why `size` tensor-parallel ranks cannot run here (and, given its shapes, for this model), or None.
+
+    Each rank needs a device of its own: a GPU, or on a CPU at least one core (ranks that share a
+    core stall at every all-reduce until the descheduled one runs again). Query heads, the MLP and
+    KV heads must split evenly (fewer KV heads than ranks are replicated, as vLLM does): checked
+    when the head counts are given, e.g. once the model's config is read.
+    """
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return "must be a positive number of worker processes"
+    if size == 1:
+        return None
+    if resolve_device(device) == "cuda":
+        count = torch.cuda.device_count()
+        if size > count:
+            return f"{size} ranks need {size} CUDA devices (one per rank); {count} visible"
+    elif size > cpu_cores():
+        return (f"{size} ranks need {size} CPU cores (one per rank); this machine has {cpu_cores()}, and ranks "
+                "sharing a core would stall every all-reduce")
+    if num_heads is None:
+        return None
+    from engine.model.linear import HeadLayout
+    from engine.model.parallel import ParallelContext
+
+    shard = ParallelContext(0, size)
+    try:  # the layers' own rules, so the message matches what loading would hit
+        HeadLayout(num_heads, num_kv_heads or num_heads, 1, shard)
+        if intermediate_size is not None:
+            shard.split(intermediate_size, "the MLP width")
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def unavailable_reason(field_name: str, value, device: str = "auto") -> str | None:
@@ -78,10 +121,8 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
             return level.device_reason
         if not level.installed():
             return f"the {level.library} package is not installed"
-    if field_name == "speculative" and value != "off":
-        return f"speculative decoding ({value}) is {_NOT_BUILT_YET}"
-    if field_name == "tensor_parallel_size" and value != 1:
-        return f"tensor parallelism is {_NOT_BUILT_YET}"
+    if field_name == "tensor_parallel_size":
+        return tensor_parallel_reason(value, device)
     return None
 
 
@@ -183,8 +224,22 @@ class EngineConfig:
             raise ConfigError(f"cpu_kernels must be true or false, got {self.cpu_kernels!r}")
         if self.attention == "cpu-kernel" and not self.cpu_kernels:
             raise ConfigError("attention='cpu-kernel' is one of the engine's CPU kernels; it needs cpu_kernels=True")
+        if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}, got "
+                              f"{self.num_speculative_tokens}")
+        if self.speculative != "off" and self.backend == "hf":
+            raise ConfigError(f"speculative={self.speculative!r} runs inside the native engine's batching; the hf "
+                              "backend (transformers) verifies one sequence at a time: use backend='native' or 'auto'")
+        if self.draft_model is not None and (not isinstance(self.draft_model, str) or not self.draft_model.strip()):
+            raise ConfigError("draft_model must be a preset name, a local folder or a hub id (or unset for the "
+                              "model's curated draft)")
         if self.speculative == "draft" and not self.draft_model:
-            raise ConfigError("speculative='draft' needs draft_model")
+            from engine.spec.draft import resolve_draft_name
+
+            resolve_draft_name(self)
+        if self.tensor_parallel_size > 1 and self.backend == "hf":
+            raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
+                              "process (use backend='native' or 'auto')")
         for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:

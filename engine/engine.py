@@ -114,6 +114,11 @@ class Engine:
         if config.backend == "native" and not_native:
             raise ModelLoadError(f"{not_native} (it runs full-precision {', '.join(NATIVE_ARCHITECTURES)} "
                                  "checkpoints); use backend='hf'")
+        if config.tensor_parallel_size > 1 and not_native:
+            raise ModelLoadError(f"{not_native}, and tensor parallelism shards the native engine's model")
+        if config.backend == "auto" and not_native and config.speculative != "off":
+            raise ModelLoadError(f"{not_native}, and speculative decoding runs in the native engine: set "
+                                 "speculative='off' to serve it through transformers")
         if config.backend == "auto":
             config = dataclasses.replace(config, backend="hf" if not_native else "native").validate()
             if not_native:

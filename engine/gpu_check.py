@@ -6,10 +6,18 @@
 2. Throughput on 64 prompts x 128 random tokens in x 128 out (greedy, EOS ignored): native with
    sdpa, with flash-attn when importable, and without CUDA graphs when the engine has them, against
    the hf backend (transformers' continuous batching).
-3. The precision table (`engine.precision_table`) on CUDA: the demo model, one row per quantization
+3. Tensor parallelism (NCCL) when two GPUs are visible: greedy N=2 = N=1 in float32 on the Llama
+   model, then N=1 vs N=2 throughput with the share of step time in collectives; with fewer GPUs
+   the report says it could not run.
+4. The precision table (`engine.precision_table`) on CUDA: the demo model, one row per quantization
    level that runs there (bitsandbytes int8/nf4/fp4 on CUDA, quanto, torchao int8 and int4) and per
    KV head count; then batch-1 decode of a 1.4B-parameter random Llama in bfloat16 against its
    4-bit levels (nf4, torchao-int4), where reading fewer weight bytes per token should win.
+5. Speculative decoding at batch 1 and at 32 concurrent requests: no speculation, a draft model at
+   k=4, and n-gram, on a hub-sized random Llama whose draft is its own first layers (the later
+   layers are shrunk so that the draft agrees often). The timing shows what verification and the
+   draft's forward passes cost on this GPU; the acceptance is an artefact of how the pair was built
+   and says nothing about a real pair.
 
 Needs only torch, transformers, safetensors and tokenizers (flash-attn optional). Results go to
 assets/results/gpu_check.json and stdout. Exits with status 2 without CUDA, 1 if a check fails.
@@ -49,6 +57,9 @@ INIT_STD = 0.05
 DECODE_MODEL = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)
 DECODE_LEVELS = ["none", "nf4", "int8", "torchao-int4", "torchao-int8", "quanto-int4"]
+SPEC_LAYERS = 12
+SPEC_DRAFT_LAYERS = 2
+SPEC_LATER_LAYER_SCALE = 0.05
 
 
 def build_model(name: str, folder: Path, seed: int = 0) -> str:
@@ -175,6 +186,38 @@ def check_throughput(path: str, num_prompts: int, input_len: int, output_len: in
     return rows
 
 
+def check_tensor_parallel(path: str, num_prompts: int, input_len: int, output_len: int) -> dict:
+    """N=1 vs N=2 on two GPUs: float32 greedy equality, then bfloat16 throughput and collective share."""
+    from engine.bench import build_config, run_config
+    from engine.workloads import WorkloadSpec
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return {"skipped": f"tensor parallelism needs 2 CUDA devices; {gpus} visible", "passed": True}
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, MODELS["llama"][2]["vocab_size"], (n,), generator=generator).tolist()
+               for n in (7, 33, 120, 64)]
+    report: dict = {}
+    try:
+        one = native_greedy(path, prompts, EQUALITY_TOKENS, "float32")
+        two = native_greedy(path, prompts, EQUALITY_TOKENS, "float32", tensor_parallel_size=2)
+        report["equality"] = agreement(one, two)
+        report["passed"] = report["equality"]["exact_sequences"] == len(prompts)
+        spec = WorkloadSpec(num_prompts=num_prompts, input_len=input_len, output_len=output_len, seed=0)
+        for size in (1, 2):
+            config = build_config("continuous", {"model": path, "device": "cuda", "dtype": "bfloat16",
+                                                 "max_num_seqs": max(64, num_prompts), "tensor_parallel_size": size})
+            result = run_config(config, spec, num_prompts, 0.0, True)
+            report[f"tp{size}"] = {k: result[k] for k in ("output_throughput", "median_tpot_ms", "collective_share",
+                                                          "rank_weights_bytes", "rank_kv_cache_bytes", "errors")}
+            report["passed"] = report["passed"] and not result["errors"]
+    except Exception as error:
+        report.update({"passed": False, "error": f"{type(error).__name__}: {error}",
+                       "traceback": traceback.format_exc(limit=5)})
+    print(json.dumps({k: v for k, v in report.items() if k != "traceback"}), flush=True)
+    return report
+
+
 def build_decode_model(folder: Path) -> str:
     """A random 1.4B-parameter Llama in bfloat16, initialised on the GPU (fast) and saved."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -211,6 +254,60 @@ def check_precision(decode_folder: Path) -> dict:
                 if bf16 else None)}
 
 
+def build_speculative_pair(folder: Path) -> tuple[str, str]:
+    """A random 12-layer Llama (~200M parameters, 32k vocabulary) and its first two layers as a draft."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    fields = dict(MODELS["llama"][2], num_hidden_layers=SPEC_LAYERS)
+    target = LlamaForCausalLM(LlamaConfig(**fields, initializer_range=INIT_STD, bos_token_id=1, eos_token_id=2,
+                                          tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for layer in target.model.layers[SPEC_DRAFT_LAYERS:]:
+            layer.self_attn.o_proj.weight.mul_(SPEC_LATER_LAYER_SCALE)
+            layer.mlp.down_proj.weight.mul_(SPEC_LATER_LAYER_SCALE)
+    target.save_pretrained(folder / "target")
+    target.model.layers = target.model.layers[:SPEC_DRAFT_LAYERS]
+    target.config.num_hidden_layers = SPEC_DRAFT_LAYERS
+    target.save_pretrained(folder / "draft")
+    return str(folder / "target"), str(folder / "draft")
+
+
+def check_speculative(target: str, draft: str, output_len: int, device: str = "cuda",
+                      dtype: str = "bfloat16") -> list[dict]:
+    """Off / draft k=4 / n-gram at batch 1 (8 requests one after another) and at 32 concurrent requests."""
+    from engine.bench import build_config, run_config
+    from engine.workloads import WorkloadSpec
+
+    rows = []
+    for concurrency, num_prompts in ((1, 8), (32, 32)):
+        spec = WorkloadSpec(num_prompts=num_prompts, input_len=128, output_len=output_len, seed=0)
+        base = None
+        for label, extra in (("off", {}), ("draft k=4", {"speculative": "draft", "draft_model": draft}),
+                             ("ngram k=4", {"speculative": "ngram"})):
+            row = {"run": f"speculative {label}", "concurrency": concurrency,
+                   "note": "random weights: acceptance reflects how the pair was built, not a real draft"}
+            try:
+                config = build_config(None, {"model": target, "device": device, "dtype": dtype, **extra})
+                result = run_config(config, spec, concurrency, 0.0, True)
+                row.update({k: result.get(k) for k in (
+                    "completed", "output_throughput", "median_tpot_ms", "mean_ttft_ms", "spec_acceptance_rate",
+                    "spec_decode_acceptance_length", "weights_bytes", "kv_cache_bytes", "errors", "first_error")})
+                if label == "off":
+                    base = row
+                elif base and base.get("output_throughput") and base.get("median_tpot_ms"):
+                    row["output_throughput_vs_off"] = row["output_throughput"] / base["output_throughput"]
+                    row["median_tpot_vs_off"] = row["median_tpot_ms"] / base["median_tpot_ms"]
+            except Exception as error:
+                row.update({"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc(limit=5)})
+            print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+            rows.append(row)
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS_FILE)
@@ -219,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-precision", action="store_true", help="skip the quantization / GQA table")
+    parser.add_argument("--skip-speculative", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: engine.gpu_check needs a CUDA GPU, and torch.cuda.is_available() is False on this machine",
@@ -230,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     report = {"device": describe_device(), "torch": torch.__version__, "flash_attn": flash_available(),
-              "equality": [], "throughput": []}
+              "equality": [], "throughput": [], "tensor_parallel": {}, "speculative": []}
     import transformers
 
     report["transformers"] = transformers.__version__
@@ -243,13 +341,20 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_throughput:
             report["throughput"] = check_throughput(paths["llama"], args.num_prompts, args.input_len,
                                                     args.output_len)
+        report["tensor_parallel"] = check_tensor_parallel(paths["llama"], args.num_prompts, args.input_len,
+                                                          args.output_len)
         if not args.skip_precision:
             report["precision"] = check_precision(Path(tmp) / "decode")
+        if not args.skip_speculative:
+            report["speculative"] = check_speculative(*build_speculative_pair(Path(tmp) / "speculative"),
+                                                      args.output_len)
     report["seconds"] = round(time.perf_counter() - started, 1)
     precision_rows = [*report.get("precision", {}).get("demo_table", []),
                       *report.get("precision", {}).get("decode_table", [])]
     report["passed"] = (all(r["passed"] for r in report["equality"])
-                        and all("error" not in r and not r.get("errors") for r in report["throughput"])
+                        and all("error" not in r and not r.get("errors")
+                                for r in report["throughput"] + report["speculative"])
+                        and report["tensor_parallel"]["passed"]
                         and all("error" not in r for r in precision_rows))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))

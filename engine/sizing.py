@@ -8,6 +8,9 @@ plus scales); the KV pool is sized by the same rule, and the same converted head
 engine uses. Other architectures and the hf backend are counted from transformers' own model on
 the meta device, each linear layer transformers quantizes (all but the LM head) at its level's size;
 a pre-quantized checkpoint (GPTQ, AWQ) by its safetensors files, which hold its packed tensors.
+A speculative draft model adds its (full-precision) weights, and its KV pool shares the KV budget.
+With tensor parallelism each rank's shard is built and counted (replicated norms and KV heads, the
+vocabulary padded to an even split), and the KV pool's blocks cover every rank's heads.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ from engine.hub import load_hf_config, resolve_model_path
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes an engine will hold once loaded: its weights and its KV pool (and what one token of KV costs)."""
+    """Bytes an engine will hold once loaded: its weights and its KV pool (over all tensor-parallel ranks),
+    what one token of KV costs, and each rank's share (one entry per rank; empty for the hf backend)."""
 
     weights_bytes: int
     kv_cache_bytes: int
     kv_bytes_per_token: int = 0
     kv_blocks: int = 0
+    rank_weights_bytes: tuple[int, ...] = ()
+    rank_kv_cache_bytes: tuple[int, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -61,26 +67,37 @@ def hf_weights_bytes(hf_config, dtype: torch.dtype, quantization: str, device: s
     return total + rest + sum(b.numel() * b.element_size() for b in model.buffers())  # RoPE frequencies
 
 
-def native_weights_bytes(spec, dtype: torch.dtype, quantization: str, device: str) -> int:
-    """Weights of the native model built from `spec`, its linear layers at `quantization`."""
+def native_meta_model(spec, dtype: torch.dtype, quantization: str, device: str, parallel=None) -> nn.Module:
+    """The native model built from `spec` on the meta device (one rank's shard with `parallel`): shapes, no storage."""
     from engine.model.linear import BuildContext
     from engine.model.llama import LlamaForCausalLM
+    from engine.model.parallel import SINGLE_PROCESS
     from engine.quant.methods import linear_method_factory
+
+    build = BuildContext(dtype, "meta", parallel or SINGLE_PROCESS,
+                         linear_method=linear_method_factory(quantization, device, dtype))
+    no_rope = torch.empty(0)
+    return LlamaForCausalLM(spec, None, build, no_rope, no_rope)
+
+
+def native_weights_bytes(spec, dtype: torch.dtype, quantization: str, device: str, parallel=None) -> int:
+    """Weights of the native model built from `spec` (one rank's shard with `parallel`), linear layers at
+    `quantization`."""
     from engine.quant.storage import planned_weight_bytes
 
-    build = BuildContext(dtype, "meta", linear_method=linear_method_factory(quantization, device, dtype))
-    no_rope = torch.empty(0)
-    return planned_weight_bytes(LlamaForCausalLM(spec, None, build, no_rope, no_rope))
+    return planned_weight_bytes(native_meta_model(spec, dtype, quantization, device, parallel))
 
 
 def estimate_memory(config: EngineConfig) -> MemoryEstimate:
     """Weights and KV bytes of `config` (validated), without loading the weights."""
     from engine.backends.base import resolve_dtype
     from engine.backends.native import resolve_kv_blocks, resolve_max_model_len
+    from engine.model.parallel import ParallelContext
     from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
     from engine.model.weights import safetensors_files
     from engine.quant.checkpoint import prequantized_method
     from engine.quant.gqa import convert_spec
+    from engine.runner.build import kv_block_bytes, rank_kv_spec
     from engine.runner.kv_cache import bytes_per_block
 
     config = config.validate()
@@ -95,8 +112,20 @@ def estimate_memory(config: EngineConfig) -> MemoryEstimate:
         weights = hf_weights_bytes(hf_config, dtype, config.quantization, device)
         return MemoryEstimate(weights, config.kv_cache_bytes or 0)
     spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
-    max_model_len = resolve_max_model_len(config, spec)
+    size = config.tensor_parallel_size
+    rank_weights = tuple(native_weights_bytes(spec, dtype, config.quantization, device, ParallelContext(rank, size))
+                         for rank in range(size))
+    weights = sum(rank_weights)
+    draft_specs = []
+    if config.speculative == "draft":
+        from engine.spec.draft import resolve_draft_name
+
+        draft_specs.append(ModelSpec.from_hf_config(load_hf_config(resolve_model_path(resolve_draft_name(config)))))
+        weights += native_weights_bytes(draft_specs[0], dtype, "none", device)
+    max_model_len = resolve_max_model_len(config, spec, *draft_specs)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
-    blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device)
-    return MemoryEstimate(native_weights_bytes(spec, dtype, config.quantization, device),
-                          blocks * bytes_per_block(spec, block_size, dtype), bytes_per_block(spec, 1, dtype), blocks)
+    blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device, *draft_specs)
+    rank_kv = (blocks * bytes_per_block(rank_kv_spec(spec, size), block_size, dtype),) * size
+    draft_kv = sum(blocks * bytes_per_block(s, block_size, dtype) for s in draft_specs)
+    return MemoryEstimate(weights, sum(rank_kv) + draft_kv, kv_block_bytes(spec, 1, dtype, size), blocks,
+                          rank_weights, rank_kv)

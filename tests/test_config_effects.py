@@ -281,15 +281,6 @@ def test_engine_seed_makes_unseeded_sampling_reproducible(tiny_llama_dir):
         "a request's own seed wins over the engine's"
 
 
-@pytest.mark.parametrize("settings", [
-    dict(speculative="ngram"), dict(speculative="draft", draft_model="demo-draft"), dict(tensor_parallel_size=2),
-])
-def test_settings_not_built_yet_are_refused(tiny_llama_dir, settings):
-    name = next(iter(settings))
-    with pytest.raises(ConfigError, match=rf"^{name}=.*not implemented"):
-        Engine(EngineConfig(model=tiny_llama_dir, **settings))
-
-
 def test_num_speculative_tokens_is_validated(tiny_llama_dir):
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
         Engine(EngineConfig(model=tiny_llama_dir, num_speculative_tokens=0))

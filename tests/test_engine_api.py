@@ -217,7 +217,7 @@ def test_unsupported_architecture(tmp_path):
     (dict(block_size=3), "power of two"),
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(attention="flash-attn", device="cpu"), "CUDA"),
-    (dict(speculative="draft"), "draft_model"),
+    (dict(speculative="draft", model="org/no-curated-draft"), "draft_model"),
     (dict(kv_cache_bytes=-5), "kv_cache_bytes"),
     (dict(gqa="many"), "gqa"),
 ])

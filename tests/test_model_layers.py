@@ -89,9 +89,9 @@ class CountingMethod(UnquantizedLinearMethod):
 def test_build_context_chooses_each_linear_layers_method(tiny_llama_dir):
     from transformers import AutoConfig
 
-    from engine.backends.native import build_native_model
     from engine.model.attention import make_attention
     from engine.model.spec import ModelSpec
+    from engine.runner.build import build_native_model
 
     hf_config = AutoConfig.from_pretrained(tiny_llama_dir)
     spec = ModelSpec.from_hf_config(hf_config)

@@ -141,14 +141,32 @@ def test_level_refuses_a_dtype_it_cannot_compute_in():
         check_level("torchao-int4", torch.float32)
 
 
-def test_crashing_shape_is_refused_before_it_runs(tmp_path):
-    """quanto's half-precision int8 CPU kernel segfaults on odd widths: refused with the layer named."""
+@pytest.fixture(scope="module")
+def odd_widths_dir(tmp_path_factory) -> str:
+    """A Llama with widths off the libraries' fast paths: 48 (not whole 4-bit blocks, not a multiple of 32)
+    and 320 inputs to the down projection (quanto groups of 64)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    fields = {**COMMON, "hidden_size": 48, "num_attention_heads": 4, "num_key_value_heads": 2}
-    LlamaForCausalLM(LlamaConfig(**fields)).save_pretrained(tmp_path)
+    folder = tmp_path_factory.mktemp("odd-widths")
+    fields = {**COMMON, "hidden_size": 48, "intermediate_size": 320, "num_attention_heads": 4, "num_key_value_heads": 2}
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**fields)).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("level", ["nf4", "quanto-int4", "int8"])
+def test_estimate_holds_off_the_fast_layouts(odd_widths_dir, level):
+    """bitsandbytes' portable 4-bit layout and quanto's grouped int4 are counted right too."""
+    config = EngineConfig(model=odd_widths_dir, dtype="float32", quantization=level, kv_cache_bytes=2**20)
+    with Engine(config) as engine:
+        greedy(engine, [[5, 6, 7]], 2)
+        assert engine.stats()["weights_bytes"] == estimate_memory(config).weights_bytes
+
+
+def test_crashing_shape_is_refused_before_it_runs(odd_widths_dir):
+    """quanto's half-precision int8 CPU kernel segfaults on odd widths: refused with the layer named."""
     with pytest.raises(ConfigError, match="quanto-int8.*model.layers.0.*48 input features"):
-        Engine(EngineConfig(model=str(tmp_path), device="cpu", dtype="bfloat16", quantization="quanto-int8"))
+        Engine(EngineConfig(model=odd_widths_dir, device="cpu", dtype="bfloat16", quantization="quanto-int8"))
 
 
 def test_slow_levels_carry_a_note_for_the_ui():

@@ -90,16 +90,16 @@ def test_one_failing_request_does_not_end_its_neighbours(engine, monkeypatch):
 def test_a_failed_start_releases_the_loop_thread_and_the_model(tiny_llama_dir, monkeypatch):
     before = len(engine_threads())
     models = []
-    from engine.backends import native
+    from engine.runner import build
 
-    real_build = native.build_native_model
+    real_build = build.build_native_model
 
     def remember(*args, **kwargs):
         model = real_build(*args, **kwargs)
         models.append(weakref.ref(model))
         return model
 
-    monkeypatch.setattr(native, "build_native_model", remember)
+    monkeypatch.setattr(build, "build_native_model", remember)
     monkeypatch.setattr(Engine, "_warm_up", lambda self: (_ for _ in ()).throw(ModelLoadError("warm-up broke")))
     for _ in range(3):
         with pytest.raises(ModelLoadError, match="warm-up broke"):
@@ -117,8 +117,8 @@ def test_the_smallest_context_serves(tiny_llama_dir):
 
 def test_close_frees_the_model_and_says_so(tiny_llama_dir):
     engine = Engine(EngineConfig(model=tiny_llama_dir))
-    weights = weakref.ref(next(engine._backend.model.parameters()))
-    cache = weakref.ref(engine._backend.kv_cache.storage)
+    weights = weakref.ref(next(engine._backend.executor.runner.model.parameters()))
+    cache = weakref.ref(engine._backend.executor.runner.kv_cache.storage)
     pending = engine.submit([5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True))
     engine.close()
     output = pending.result()

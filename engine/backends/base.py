@@ -36,6 +36,21 @@ class StepRecord:
     num_decode_tokens: int
     num_running: int
     kv_blocks_used: int
+    num_output_tokens: int = 0  # tokens handed to requests (with speculation: accepted proposals + one each)
+    spec_proposed: int = 0  # speculative tokens verified in this step (counted in num_decode_tokens) and how
+    spec_accepted: int = 0  # many were accepted
+    propose_duration: float = 0.0  # seconds of `duration` spent proposing (the draft model's forward passes)
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Accepted / proposed in this step (None when nothing was proposed)."""
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
+
+    @property
+    def tokens_per_sequence(self) -> float | None:
+        """Output tokens per sequence that got tokens in this step (1 without speculation)."""
+        sequences = self.num_decode_tokens - self.spec_proposed
+        return self.num_output_tokens / sequences if sequences > 0 and self.num_output_tokens else None
 
 
 @dataclass(frozen=True)
@@ -51,10 +66,13 @@ class BackendInfo:
     max_model_len: int
     cuda_graphs: bool = False
     cpu_kernels: bool = False
+    tensor_parallel_size: int = 1
     notices: tuple[str, ...] = ()
     quantization: str = "none"
     num_kv_heads: int = 0           # KV heads the cache holds per layer (after any GQA conversion)
     kv_bytes_per_token: int = 0     # K and V of one token over all layers
+    draft_model: str | None = None
+    draft_num_params: int = 0
 
 
 @dataclass
@@ -76,6 +94,30 @@ class BackendStats:
     peak_memory_bytes: int
     steps: int
     notes: list[str] = field(default_factory=list)
+    # Tensor parallelism (one entry per rank; a single-process engine is one rank). `executor_seconds` is the
+    # time spent running model steps, `collective_seconds` rank 0's part of it inside all-reduce / all-gather
+    # (waiting for slower ranks included), and `collective_share` their ratio.
+    tensor_parallel_size: int = 1
+    rank_pids: list[int] = field(default_factory=list)
+    rank_weights_bytes: list[int] = field(default_factory=list)
+    rank_kv_cache_bytes: list[int] = field(default_factory=list)
+    rank_threads: list[int] = field(default_factory=list)
+    rank_collective_seconds: list[float] = field(default_factory=list)
+    executor_seconds: float = 0.0
+    collective_seconds: float = 0.0
+    collective_share: float = 0.0
+    # Speculative decoding (vLLM's counters): verification steps with proposals, tokens proposed, accepted,
+    # accepted per verification step, and how often each proposal position was accepted.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_mean_accepted_tokens: float = 0.0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
+    # The draft model's share of weights_bytes and kv_cache_bytes; its blocks are allocated with the target's.
+    draft_weights_bytes: int = 0
+    draft_kv_cache_bytes: int = 0
+    draft_kv_blocks_total: int = 0
+    draft_kv_blocks_free: int = 0
 
 
 class Backend(Protocol):

@@ -262,7 +262,7 @@ class HFBackend:
         self.peak_running = max(self.peak_running, batch_size)
         self._record(StepRecord(time=now, duration=duration, batch_size=batch_size, num_tokens=num_tokens,
                                        num_decode_tokens=num_decode_tokens, num_running=num_running,
-                                       kv_blocks_used=0))
+                                       kv_blocks_used=0, num_output_tokens=num_decode_tokens))
 
     # ---- static batching: model.generate -------------------------------------------------------
 

@@ -5,6 +5,15 @@ KV pool's size in blocks) and refuses impossible settings with one clear message
 large allocation. A step is: schedule -> plan (plain data) -> execute (logits) -> sample ->
 hand tokens to their requests -> commit computed blocks. A request whose own processing fails
 (unusable logits, a detokenizer error) fails alone; the rest of its step carries on.
+
+With speculative decoding (`engine/spec/`), a step first has the proposer suggest tokens for the
+running requests, the scheduler appends them after each request's new token, and the rejection
+rule replaces sampling: each request takes its accepted proposals plus one token of the target's.
+A draft model runs as a second native model whose KV pool shares the target's block tables.
+
+The target model runs behind an executor (`engine/runner/executor.py`): in this process, or
+sharded over `tensor_parallel_size` worker processes. The scheduler, block manager, proposer and
+sampler stay here either way; with N ranks a block's bytes are every rank's share of it together.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from engine.backends.base import (
     resolve_dtype,
     token_log_probs,
 )
-from engine.config import EngineConfig, flash_attn_available
+from engine.config import EngineConfig, flash_attn_available, tensor_parallel_reason
 from engine.core.block_manager import BlockManager
 from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
@@ -36,19 +45,21 @@ from engine.errors import ConfigError
 from engine.model import cpu_kernels
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
-from engine.model.llama import LlamaForCausalLM
-from engine.model.rotary import rope_cos_sin
 from engine.model.sampler import SamplingTensors, sample
 from engine.model.spec import ModelSpec
-from engine.model.weights import load_weights
-from engine.quant.gqa import convert_spec, install_kv_head_conversion
-from engine.quant.methods import linear_method_factory
+from engine.quant.gqa import convert_spec
 from engine.quant.storage import parameter_count, weight_storage_bytes
+from engine.runner.build import RunnerSettings, build_native_model, kv_block_bytes
 from engine.runner.cuda_graphs import DecodeGraphs
+from engine.runner.executor import LocalExecutor, make_executor
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
 from engine.runner.profiler import DecodeProfile, summarize_decode
 from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
+from engine.sizing import native_meta_model
+from engine.spec.draft import DraftCheckpoint, DraftModelProposer, load_draft_checkpoint
+from engine.spec.ngram import NgramProposer
+from engine.spec.speculator import Speculator
 
 FLASH_BLOCK_MULTIPLE = 256
 SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request ids are >= 0)
@@ -56,10 +67,10 @@ SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request
 log = logging.getLogger(__name__)
 
 
-def resolve_max_model_len(config: EngineConfig, spec: ModelSpec) -> int:
-    limit = spec.max_position_embeddings
-    if spec.sliding_window:
-        limit = min(limit, spec.sliding_window)
+def resolve_max_model_len(config: EngineConfig, spec: ModelSpec, *more_specs: ModelSpec) -> int:
+    """The context length: as configured, or the default; never past what every model (a draft too) supports."""
+    limit = min(min(s.max_position_embeddings, s.sliding_window or s.max_position_embeddings)
+                for s in (spec, *more_specs))
     if config.max_model_len is None:
         return min(limit, DEFAULT_MAX_MODEL_LEN)
     if config.max_model_len > limit:
@@ -99,10 +110,23 @@ def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype, ker
     return config.attention
 
 
+def check_tensor_parallel(config: EngineConfig, spec: ModelSpec) -> None:
+    """Refuse a tensor-parallel size this model's heads and MLP cannot be split over."""
+    reason = tensor_parallel_reason(config.tensor_parallel_size, config.device, spec.num_heads, spec.num_kv_heads,
+                                    spec.intermediate_size)
+    if reason:
+        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
+
+
 def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, max_model_len: int,
-                      dtype: torch.dtype, device: str) -> int:
-    """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset."""
-    block_bytes = bytes_per_block(spec, block_size, dtype)
+                      dtype: torch.dtype, device: str, draft_spec: ModelSpec | None = None) -> int:
+    """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset.
+
+    A draft model's pool has as many blocks as the target's, paid from the same budget. With tensor
+    parallelism the budget covers every rank's share of a block together."""
+    block_bytes = kv_block_bytes(spec, block_size, dtype, config.tensor_parallel_size)
+    if draft_spec is not None:
+        block_bytes += bytes_per_block(draft_spec, block_size, dtype)
     one_sequence = -(-max_model_len // block_size) * block_bytes
     budget = kv_budget_bytes(config, one_sequence, device)
     if budget < one_sequence:
@@ -111,18 +135,16 @@ def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, ma
     return budget // block_bytes
 
 
-def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
-                       max_model_len: int, checkpoint_kv_heads: int | None = None) -> LlamaForCausalLM:
-    """The native model with its checkpoint loaded, in eval mode.
-
-    `checkpoint_kv_heads` differs from `spec.num_kv_heads` when `gqa` converts the checkpoint's KV heads.
-    """
-    cos, sin = rope_cos_sin(hf_config, max_model_len)
-    model = LlamaForCausalLM(spec, attention, build, cos, sin)
-    if checkpoint_kv_heads is not None:
-        install_kv_head_conversion(model, checkpoint_kv_heads)
-    load_weights(model, path)
-    return model.eval()
+def build_draft_runner(draft: DraftCheckpoint, build: BuildContext, attention_name: str, block_size: int,
+                       num_blocks: int, max_model_len: int, max_num_seqs: int, use_graphs: bool) -> ModelRunner:
+    """The draft model over its own KV pool: as many blocks as the target's, addressed by the same tables."""
+    attention = make_attention(attention_name, draft.spec.head_dim, block_size)
+    model = build_native_model(draft.spec, draft.hf_config, draft.path, build, attention, max_model_len)
+    kv_cache = KVCache(draft.spec, num_blocks + int(use_graphs), block_size, build.dtype, build.device,
+                       head_major=attention_name != "flash-attn")
+    graphs = (DecodeGraphs(model, kv_cache.layers, max_num_seqs, -(-max_model_len // block_size), num_blocks,
+                           block_size, build.device) if use_graphs else None)
+    return ModelRunner(model, kv_cache, build.device, attention, max_model_len, graphs)
 
 
 class NativeBackend:
@@ -132,49 +154,66 @@ class NativeBackend:
         self.device = config.resolved_device
         checkpoint_spec = ModelSpec.from_hf_config(hf_config)
         self.spec = convert_spec(checkpoint_spec, config.gqa)
+        check_tensor_parallel(config, self.spec)
         self.dtype = resolve_dtype(config, hf_config, self.device)
-        self.max_model_len = resolve_max_model_len(config, self.spec)
+        draft = load_draft_checkpoint(config, path, hf_config) if config.speculative == "draft" else None
+        draft_spec = draft.spec if draft else None
+        self.max_model_len = resolve_max_model_len(config, self.spec, *([draft_spec] if draft else []))
         kernels, kernels_notice = resolve_cpu_kernels(config, self.device, self.dtype)
         attention_name = resolve_attention(config, self.device, self.dtype, kernels)
         self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
         num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
-                                       self.device)
+                                       self.device, draft_spec)
+        self.kv_block_bytes = kv_block_bytes(self.spec, self.block_size, self.dtype, config.tensor_parallel_size)
         torch.manual_seed(config.seed)
-        attention = make_attention(attention_name, self.spec.head_dim, self.block_size)
-        build = BuildContext(self.dtype, self.device,
-                             linear_method=linear_method_factory(config.quantization, self.device, self.dtype),
-                             cpu_kernels=kernels)
-        self.model = build_native_model(self.spec, hf_config, path, build, attention, self.max_model_len,
-                                        checkpoint_spec.num_kv_heads)
         use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
-        self.kv_cache = KVCache(self.spec, num_blocks + int(use_graphs), self.block_size, self.dtype, self.device,
-                                head_major=attention_name != "flash-attn")
+        notices = (kernels_notice,) if kernels_notice else ()
+        if use_graphs and config.tensor_parallel_size > 1:
+            use_graphs, notices = False, notices + ("CUDA graphs are off under tensor parallelism (not captured "
+                                                    "with collectives inside)",)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
-        decode_graphs = None
-        if use_graphs:
-            decode_graphs = DecodeGraphs(self.model, self.kv_cache.layers, config.max_num_seqs,
-                                         -(-self.max_model_len // self.block_size), num_blocks, self.block_size,
-                                         self.device)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.device, attention, self.max_model_len,
-                                  decode_graphs)
-        self.weights_bytes = weight_storage_bytes(self.model)
+                                   config.max_num_batched_tokens, mirrors_draft_kv=draft is not None)
+        self.executor = make_executor(
+            RunnerSettings(str(path), hf_config, self.spec, checkpoint_spec.num_kv_heads, config.quantization,
+                           self.dtype, self.device, attention_name, self.block_size, num_blocks, self.max_model_len,
+                           use_graphs, config.max_num_seqs, kernels),
+            config.tensor_parallel_size)
+        self.draft_runner = None
+        self.speculator = None
+        if config.speculative == "draft":
+            self.draft_runner = build_draft_runner(draft, BuildContext(self.dtype, self.device, cpu_kernels=kernels),
+                                                   attention_name, self.block_size, num_blocks, self.max_model_len,
+                                                   config.max_num_seqs, use_graphs)
+            proposer = DraftModelProposer(self.draft_runner, self.block_manager, self.spec.vocab_size)
+            self.speculator = Speculator(proposer, config.num_speculative_tokens, self.max_model_len)
+        elif config.speculative == "ngram":
+            self.speculator = Speculator(NgramProposer(), config.num_speculative_tokens, self.max_model_len)
+        self.draft_weights_bytes = weight_storage_bytes(self.draft_runner.model) if self.draft_runner else 0
         self.info = BackendInfo(
             backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device, num_params=parameter_count(self.model),
+            device=self.device, num_params=parameter_count(native_meta_model(self.spec, self.dtype, "none",
+                                                                              self.device)),
             vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
+            tensor_parallel_size=config.tensor_parallel_size, notices=notices, cpu_kernels=kernels,
             quantization=config.quantization, num_kv_heads=self.spec.num_kv_heads,
-            kv_bytes_per_token=bytes_per_block(self.spec, 1, self.dtype), cpu_kernels=kernels,
-            notices=(kernels_notice,) if kernels_notice else ())
+            kv_bytes_per_token=kv_block_bytes(self.spec, 1, self.dtype, config.tensor_parallel_size),
+            draft_model=draft.name if draft else None,
+            draft_num_params=parameter_count(self.draft_runner.model) if draft else 0)
         self.steps = 0
-        self.profiler = StepProfiler(enabled=self.device == "cpu")
+        # Sections are timed on this thread: the model must run here (one process) and synchronously (a CPU).
+        self.profiler = StepProfiler(enabled=self.device == "cpu" and isinstance(self.executor, LocalExecutor))
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
 
     def abort(self, request: Request) -> None:
+        self._remove(request)
+
+    def _remove(self, request: Request) -> None:
         self.scheduler.remove(request)
+        if self.speculator:
+            self.speculator.release(request)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -186,60 +225,80 @@ class NativeBackend:
         """One engine step. A model failure fails the step's requests; the others keep going."""
         started = time.perf_counter()
         self.profiler.start_step()
+        if self.speculator:
+            try:
+                self.speculator.propose(self.scheduler.running)
+            except Exception as error:  # the draft model failed: its K/V is unknown, so its requests fail
+                self._fail(list(self.scheduler.running), error)
+                return
+        proposed = time.perf_counter()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
         plan = plan_step(scheduled)
         self.profiler.lap("schedule")
+        completing = [item for item in scheduled if item.num_logits]
         try:
-            logits = self.runner.execute(plan)
+            logits = self.executor.execute(plan)
             self.profiler.lap("execute")
-            tokens, valid = self._sample(scheduled, logits)
+            tokens, valid = self._next_tokens(completing, logits)
             self.profiler.lap("sample")
         except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
-            log.error("model step failed:\n%s", traceback.format_exc())
-            for item in scheduled:
-                self.scheduler.remove(item.request)
-                item.request.finish("error", f"{type(error).__name__}: {error}")
+            self._fail([item.request for item in scheduled], error)
             return
         now = time.perf_counter()
-        completing = [item for item in scheduled if item.num_logits]
+        proposed_tokens = sum(len(item.speculative_token_ids) for item in completing)
         record(StepRecord(time=now, duration=now - started, batch_size=len(scheduled), num_tokens=plan.num_tokens,
-                          num_decode_tokens=len(completing), num_running=len(self.scheduler.running),
-                          kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks))
-        for item, token, usable in zip(completing, tokens, valid, strict=True):
-            self._deliver(item.request, token, usable, now)
+                          num_decode_tokens=len(completing) + proposed_tokens, num_running=len(self.scheduler.running),
+                          kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
+                          num_output_tokens=sum(len(t) for t in tokens), spec_proposed=proposed_tokens,
+                          spec_accepted=sum(len(t) - 1 for t in tokens), propose_duration=proposed - started))
+        for item, new_tokens, usable in zip(completing, tokens, valid, strict=True):
+            self._deliver(item.request, new_tokens, usable, now)
         # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
         self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
         for item in scheduled:
             if item.request.finished:
-                self.scheduler.remove(item.request)
+                self._remove(item.request)
         self.steps += 1
         self.profiler.end_step(len(plan.chunks), plan.num_tokens, sum(chunk.end for chunk in plan.chunks))
 
     def decode_profile(self, since: float = 0.0) -> DecodeProfile | None:
-        """The decode steps finished after `since` against their matmul floor (measured now, on this thread)."""
-        return summarize_decode(self.profiler.decode_steps(since), self.model)
+        """The decode steps finished after `since` against their matmul floor (measured now, on this thread);
+        None when steps are not profiled (a GPU, or the model in tensor-parallel worker processes)."""
+        if not self.profiler.enabled:
+            return None
+        return summarize_decode(self.profiler.decode_steps(since), self.executor.runner.model)
 
-    def _sample(self, scheduled: list[ScheduledRequest], logits: torch.Tensor) -> tuple[list[int], list[bool]]:
-        """One token per completing request (the sampler works on the whole batch at once)."""
-        rows = [item.request for item in scheduled if item.num_logits]
-        if not rows:
+    def _fail(self, requests: list[Request], error: Exception) -> None:
+        log.error("model step failed:\n%s", traceback.format_exc())
+        for request in requests:
+            self._remove(request)
+            request.finish("error", f"{type(error).__name__}: {error}")
+
+    def _next_tokens(self, completing: list[ScheduledRequest], logits: torch.Tensor) -> tuple[list[list[int]],
+                                                                                              list[bool]]:
+        """The tokens each completing request gets: one sampled, or its verified proposals plus one."""
+        if not completing:
             return [], []
+        if self.speculator:
+            verified = self.speculator.verify(completing, logits)
+            return verified.tokens, verified.valid
+        rows = [item.request for item in completing]
         settings = SamplingTensors.build(
             [r.params.temperature for r in rows], [r.params.top_k for r in rows], [r.params.top_p for r in rows],
             [r.seed for r in rows], [len(r.output_token_ids) for r in rows], logits.device)
         sampled = sample(logits, settings)
-        return sampled.tokens.tolist(), sampled.valid.tolist()
+        return [[token] for token in sampled.tokens.tolist()], sampled.valid.tolist()
 
     @staticmethod
-    def _deliver(request: Request, token: int, usable: bool, now: float) -> None:
-        """Give a request its token; a failure here ends this request only."""
+    def _deliver(request: Request, tokens: list[int], usable: bool, now: float) -> None:
+        """Give a request its tokens; a failure here ends this request only."""
         if not usable:
             request.finish("error", "the model produced unusable scores (NaN or infinite logits) for this request")
             return
         try:
-            request.append_tokens([token], now)
+            request.append_tokens(tokens, now)
         except Exception as error:
             log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
             request.finish("error", f"{type(error).__name__}: {error}")
@@ -255,26 +314,50 @@ class NativeBackend:
             return None
         table = manager.allocate_uncached(SCORING_SEQUENCE_ID, len(token_ids))
         try:
-            logits = self.runner.execute(StepPlan([SequenceChunk(list(token_ids), 0, table, len(token_ids))]))
+            logits = self.executor.execute(StepPlan([SequenceChunk(list(token_ids), 0, table, len(token_ids))]))
         finally:
             manager.free(SCORING_SEQUENCE_ID)
         return token_log_probs(logits[:-1], token_ids[1:])
 
     def stats(self) -> BackendStats:
+        """Figures of both KV pools together (a draft's blocks are allocated alongside the target's), with
+        the draft's share and the speculative counters broken out."""
         manager = self.block_manager
         used_blocks = manager.num_blocks - manager.num_free_blocks
+        draft_kv = self.draft_runner.kv_cache if self.draft_runner else None
+        block_bytes = self.kv_block_bytes + (draft_kv.block_bytes if draft_kv else 0)
+        draft_kv_bytes = draft_kv.nbytes if draft_kv else 0
+        spec = self.speculator.stats if self.speculator else None
+        executor = self.executor.stats()
         return BackendStats(
-            weights_bytes=self.weights_bytes, kv_cache_bytes=self.kv_cache.nbytes,
-            kv_cache_used_bytes=used_blocks * self.kv_cache.block_bytes, kv_blocks_total=manager.num_blocks,
+            weights_bytes=sum(executor.rank_weights_bytes) + self.draft_weights_bytes,
+            kv_cache_bytes=sum(executor.rank_kv_cache_bytes) + draft_kv_bytes,
+            kv_cache_used_bytes=used_blocks * block_bytes, kv_blocks_total=manager.num_blocks,
             kv_blocks_free=manager.num_free_blocks, kv_block_size=self.block_size,
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             peak_running=self.scheduler.peak_running, num_preemptions=self.scheduler.num_preemptions,
-            prefix_cache_hit_rate=self.scheduler.prefix_cache_hit_rate, spec_acceptance_rate=0.0,
-            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps)
+            prefix_cache_hit_rate=self.scheduler.prefix_cache_hit_rate,
+            spec_acceptance_rate=spec.acceptance_rate if spec else 0.0,
+            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps,
+            spec_num_drafts=spec.num_drafts if spec else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
+            spec_mean_accepted_tokens=spec.mean_accepted_tokens if spec else 0.0,
+            spec_accepted_per_position=list(spec.accepted_per_position) if spec else [],
+            draft_weights_bytes=self.draft_weights_bytes, draft_kv_cache_bytes=draft_kv_bytes,
+            draft_kv_blocks_total=manager.num_blocks if draft_kv else 0,
+            draft_kv_blocks_free=manager.num_free_blocks if draft_kv else 0,
+            notes=[f"model steps fail: {executor.failure}"] if executor.failure else [],
+            tensor_parallel_size=executor.size, rank_pids=executor.rank_pids,
+            rank_weights_bytes=executor.rank_weights_bytes, rank_kv_cache_bytes=executor.rank_kv_cache_bytes,
+            rank_threads=executor.rank_threads, rank_collective_seconds=executor.rank_collective_seconds,
+            executor_seconds=executor.executor_seconds, collective_seconds=executor.collective_seconds,
+            collective_share=executor.collective_share)
 
     def close(self) -> None:
-        self.runner.close()
-        self.model = None
-        self.kv_cache = None
+        self.executor.close()
+        if self.speculator:
+            self.speculator.close()
+        self.draft_runner = None
         if self.device == "cuda":
             torch.cuda.empty_cache()

@@ -27,16 +27,17 @@ class RequestMetrics:
     tpot: float | None = None
     e2el: float | None = None
     itl: list[float] = field(default_factory=list)
-    spec_proposed: int = 0  # speculative tokens proposed for this request, and how many were accepted
-    spec_accepted: int = 0
+    spec_proposed: int = 0  # speculative tokens verified for this request, how many were accepted,
+    spec_accepted: int = 0  # and in how many verification steps (accepted / drafts = tokens gained per step)
+    spec_drafts: int = 0
 
     @classmethod
     def from_timestamps(cls, arrival: float, token_times: list[float], prompt_tokens: int,
                         cached_tokens: int = 0, spec_proposed: int = 0, spec_accepted: int = 0,
-                        with_itl: bool = True) -> RequestMetrics:
+                        spec_drafts: int = 0, with_itl: bool = True) -> RequestMetrics:
         """`with_itl=False` leaves `itl` empty: O(1) running figures for a stream still in progress."""
         metrics = cls(prompt_tokens=prompt_tokens, output_tokens=len(token_times), cached_tokens=cached_tokens,
-                      spec_proposed=spec_proposed, spec_accepted=spec_accepted)
+                      spec_proposed=spec_proposed, spec_accepted=spec_accepted, spec_drafts=spec_drafts)
         if token_times:
             metrics.ttft = token_times[0] - arrival
             metrics.e2el = token_times[-1] - arrival

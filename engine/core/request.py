@@ -47,7 +47,13 @@ class RequestOutput:
 
 @dataclass(eq=False)
 class Request:
-    """Engine-side state of one request. Only the engine loop thread mutates it (identity equality)."""
+    """Engine-side state of one request. Only the engine loop thread mutates it (identity equality).
+
+    Speculative decoding keeps its bookkeeping here too: `spec_token_ids` are the tokens proposed
+    for the next step (the scheduler takes them), `draft_num_computed_tokens` how many leading
+    tokens the draft model holds K/V for (it trails or leads `num_computed_tokens`), and the
+    `spec_*` counters are this request's verified proposals, accepted tokens and verification steps.
+    """
 
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -61,6 +67,11 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None
+    spec_token_ids: list[int] = field(default_factory=list)
+    draft_num_computed_tokens: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_drafts: int = 0
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
@@ -83,7 +94,7 @@ class Request:
         so streaming a long answer costs O(1) per token rather than O(length)."""
         return RequestMetrics.from_timestamps(
             self.arrival_time, self.token_times, len(self.prompt_token_ids), self.num_cached_tokens or 0,
-            with_itl=self.finished)
+            self.spec_proposed, self.spec_accepted, self.spec_drafts, with_itl=self.finished)
 
     def append_tokens(self, token_ids: list[int], now: float) -> None:
         """Record newly sampled tokens, decide whether the request is done, and publish a delta.

@@ -14,6 +14,12 @@ them, as vLLM's v1 scheduler does.
   later (its prefix may still be cached).
 - static: a batch is gathered only when nothing runs, and runs until its last request finishes;
   nothing joins meanwhile, so finished requests leave their slots idle.
+
+Speculative decoding: a decoding request may carry proposed tokens (`Request.spec_token_ids`);
+they ride along after its own new token and cost budget and KV slots like any token, but they
+are dropped rather than allowed to preempt anyone. When the pool's blocks also hold a draft
+model's K/V (`mirrors_draft_kv`), a block is published to the prefix cache only once both models
+have computed it, so a later prompt that hits it finds valid K/V in both.
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ class ScheduledRequest:
     speculative_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, request: Request, num_new_tokens: int, block_manager: BlockManager) -> ScheduledRequest:
+    def of(cls, request: Request, num_new_tokens: int, block_manager: BlockManager,
+           speculative_token_ids: list[int] | None = None) -> ScheduledRequest:
         completes = request.num_computed_tokens + num_new_tokens == request.num_tokens
-        return cls(request, num_new_tokens, block_manager.block_table(request.request_id), completes)
+        return cls(request, num_new_tokens, block_manager.block_table(request.request_id), completes,
+                   list(speculative_token_ids or []))
 
     @property
     def num_logits(self) -> int:
@@ -54,8 +62,10 @@ class ScheduledRequest:
 class Scheduler:
     """Picks each step's requests and token counts; owns the waiting queue and the running set."""
 
-    def __init__(self, block_manager: BlockManager, batching: str, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, batching: str, max_num_seqs: int, max_num_batched_tokens: int,
+                 mirrors_draft_kv: bool = False):
         self.block_manager = block_manager
+        self.mirrors_draft_kv = mirrors_draft_kv
         self.batching = batching
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -84,6 +94,8 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request.request_id)
         request.num_computed_tokens = 0
+        request.draft_num_computed_tokens = 0
+        request.spec_token_ids = []
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
@@ -93,7 +105,8 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            target = request.num_computed_tokens + num_new
+            speculative = self._take_speculative(request, num_new, budget, len(self.running) - index - 1)
+            target = request.num_computed_tokens + num_new + len(speculative)
             while not self.block_manager.can_grow(request.request_id, target):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -102,10 +115,23 @@ class Scheduler:
             if request not in self.running:
                 break
             self.block_manager.grow(request.request_id, target)
-            scheduled.append(ScheduledRequest.of(request, num_new, self.block_manager))
-            budget -= num_new
+            scheduled.append(ScheduledRequest.of(request, num_new, self.block_manager, speculative))
+            budget -= num_new + len(speculative)
             index += 1
         return scheduled, budget
+
+    def _take_speculative(self, request: Request, num_new: int, budget: int, others: int) -> list[int]:
+        """The request's proposed tokens that fit this step: only after its last token, within the token
+        budget and the KV blocks it holds or that are free beyond one kept for each of the `others`
+        running requests scheduled after it (speculation does not push anyone out)."""
+        proposed, request.spec_token_ids = request.spec_token_ids, []
+        if not proposed or request.num_computed_tokens + num_new != request.num_tokens:
+            return []
+        manager = self.block_manager
+        spare = max(manager.num_free_blocks - others, 0)
+        slots = manager.block_size * (len(manager.block_table(request.request_id)) + spare)
+        room = min(budget - num_new, slots - request.num_tokens)
+        return proposed[:max(room, 0)]
 
     def _admit(self, budget: int, scheduled: list[ScheduledRequest]) -> None:
         static = self.batching == "static"
@@ -119,6 +145,7 @@ class Scheduler:
             cached = self.block_manager.allocate(request.request_id, tokens)
             self.waiting.popleft()
             request.num_computed_tokens = cached
+            request.draft_num_computed_tokens = cached
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = cached
                 self.prompt_tokens_admitted += len(request.prompt_token_ids)
@@ -140,16 +167,19 @@ class Scheduler:
     def complete_step(self, scheduled: list[ScheduledRequest]) -> None:
         """Advance each request's computed-token count and publish its newly full blocks to the prefix cache.
 
-        Call it after the step's accepted tokens were appended to their requests: speculative
-        tokens count as computed only where they were accepted (they are then the request's own
-        next tokens), so the prefix cache never hashes a block holding a rejected token's K/V.
+        Call it after the step's accepted tokens were appended to their requests. Every token but the
+        newest then has K/V: speculative tokens count as computed only where they were accepted (they
+        are then the request's own tokens; the slot after them holds a rejected token's K/V, to be
+        overwritten), so the prefix cache never hashes a block holding a rejected token's K/V.
         """
         for item in scheduled:
             request = item.request
             computed = request.num_computed_tokens + item.num_new_tokens + len(item.speculative_token_ids)
-            request.num_computed_tokens = min(computed, request.num_tokens - 1 if item.completes_sequence
-                                              else computed)
-            self.block_manager.commit(request.request_id, request.all_token_ids, request.num_computed_tokens)
+            request.num_computed_tokens = min(computed, request.num_tokens - 1)
+            publishable = request.num_computed_tokens
+            if self.mirrors_draft_kv:
+                publishable = min(publishable, request.draft_num_computed_tokens)
+            self.block_manager.commit(request.request_id, request.all_token_ids, publishable)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
