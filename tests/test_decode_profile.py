@@ -11,13 +11,13 @@ from engine import DecodeProfile, Engine, EngineConfig, RequestError, SamplingPa
 from engine.bench import main
 from engine.runner.profiler import _interpolate, measure_matmul_floor
 
-PROMPTS = [[5 + i] * 30 for i in range(6)]
+PROMPTS = [[5 + i] * 30 for i in range(10)]  # more sequences than the fused small-batch decode takes
 
 
-def profile_of(folder: str, **settings) -> DecodeProfile:
+def profile_of(folder: str, prompts=PROMPTS, **settings) -> DecodeProfile:
     with Engine(EngineConfig(model=folder, dtype="float32", **settings)) as engine:
         started = time.perf_counter()
-        engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+        engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
         profile = engine.decode_profile(since=started)
         assert engine.decode_profile(since=time.perf_counter()) is None  # no decode step after `since`
     return profile
@@ -25,7 +25,7 @@ def profile_of(folder: str, **settings) -> DecodeProfile:
 
 def test_profile_relates_decode_steps_to_their_floor(tiny_llama_dir):
     profile = profile_of(tiny_llama_dir)
-    assert profile.steps >= 10 and profile.mean_batch_size == pytest.approx(6, abs=1)
+    assert profile.steps >= 10 and profile.mean_batch_size == pytest.approx(10, abs=1)
     assert 30 < profile.mean_context_len < 42
     assert 0 < profile.lm_head_floor_ms < profile.floor_ms
     # medians of per-step ratios: close to the ratio of the medians when the batch hardly changes
@@ -36,6 +36,8 @@ def test_profile_relates_decode_steps_to_their_floor(tiny_llama_dir):
     assert "kv_gather" not in profile.shares  # the paged kernel reads the pool in place
     assert profile.minor_faults_per_step >= 0
     assert "step / floor" in profile.format()
+    small = profile_of(tiny_llama_dir, PROMPTS[:4])  # a few sequences: the decoder layers are one kernel call
+    assert small.shares["fused_layers"] > 0 and "attention" not in small.shares
 
 
 def test_the_padded_fallback_shows_its_gathers(tiny_llama_dir):
@@ -45,7 +47,7 @@ def test_the_padded_fallback_shows_its_gathers(tiny_llama_dir):
 
 def test_floor_grows_with_the_batch_and_interpolates_between_measured_sizes(tiny_llama_dir):
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as engine:
-        model = engine._backend.model
+        model = engine._backend.executor.runner.model
         small, large = measure_matmul_floor(model, 1), measure_matmul_floor(model, 512)
     assert large.cpu_seconds > small.cpu_seconds
     assert _interpolate({1: 1.0, 5: 3.0}, 3) == pytest.approx(2.0)
