@@ -23,7 +23,7 @@ $(TEST_STAMP): requirements-test.txt $(RUN_STAMP)
 # The engine's C++ CPU kernels (engine/model/csrc), compiled once per source and torch version into build/
 # (about a minute on two cores; a no-op when that build exists). Without them the engine runs pure PyTorch.
 kernels: $(RUN_STAMP)
-	$(PY) -m engine.model.cpu_kernels
+	$(PY) -c 'from engine.model.cpu_kernels import build; print("CPU kernels:", build())'
 
 # Browser tests drive the system Chromium (never a browser downloaded by a test tool).
 chromium:

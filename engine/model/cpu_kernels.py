@@ -7,8 +7,8 @@ small model's decode step is mostly the fixed cost of ~50 small eager operations
 operators: paged attention reading K/V in place, small-batch matmuls, and one pass each for
 RMSNorm (with the residual sum before it), rotary embedding, the KV store and SiLU-and-multiply.
 
-The library is built ahead of time by the project's install steps (`make run` / `make test` run
-`python -m engine.model.cpu_kernels`), never on a request's path: at run time it is only loaded,
+The library is built ahead of time by the project's install steps (`make kernels`, which `make run` and
+`make test` run too), never on a request's path: at run time it is only loaded,
 and only if a build of exactly this source for this torch exists. Without it the engine runs the
 pure-PyTorch paths (`attention="sdpa"`, `F.linear`) and says why.
 """
@@ -27,8 +27,7 @@ BUILD_ROOT = Path(__file__).resolve().parent.parent.parent / "build" / "cpu-kern
 LIBRARY_NAME = "playground_cpu_kernels"
 CFLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-Wno-psabi"]
 OPS = "playground_cpu"
-NOT_BUILT = ("the engine's CPU kernels are not built for this source and torch (run `make kernels` or "
-             "`python -m engine.model.cpu_kernels`)")
+NOT_BUILT = "the engine's CPU kernels are not built for this source and torch (run `make kernels`)"
 
 
 def build_key() -> str:
@@ -119,6 +118,3 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """Copy K/V [tokens, kv_heads, dim] into their slots of head-major caches."""
     torch.ops.playground_cpu.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
-
-if __name__ == "__main__":
-    print(f"built {build(verbose='-v' in sys.argv)}")
