@@ -1,0 +1,74 @@
+() => {
+  // The playground's page script (run once on load; see playground/layout.py).
+  // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip.
+  // 2. On a narrow screen the engine panel starts collapsed (CSS puts the chat first).
+  // 3. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
+  //    on screen, sent to the server to sit beside the engine's own TTFT.
+  const UNAVAILABLE = __UNAVAILABLE__;
+
+  const markUnavailable = () => {
+    for (const [field, reasons] of Object.entries(UNAVAILABLE)) {
+      const root = document.getElementById(`ctl-${field}`);
+      if (!root) continue;
+      for (const input of root.querySelectorAll('input[type="radio"]')) {
+        const reason = reasons[input.value];
+        if (reason && !input.disabled) {
+          input.disabled = true;
+          input.closest("label").title = reason;
+        }
+      }
+    }
+  };
+
+  const collapseOnNarrowScreens = (triesLeft) => {
+    if (!window.matchMedia("(max-width: 900px)").matches) return;
+    const toggle = document.querySelector("#engine-acc > .label-wrap");
+    if (!toggle) {
+      if (triesLeft > 0) setTimeout(() => collapseOnNarrowScreens(triesLeft - 1), 200);
+      return;
+    }
+    if (toggle.classList.contains("open")) toggle.click();
+  };
+
+  const botMessages = () => document.querySelectorAll('#chat .message.bot, #chat [data-testid="bot"]');
+  let armedAt = null;
+  let botsWhenArmed = 0;
+  const arm = () => {
+    armedAt = performance.now();
+    botsWhenArmed = botMessages().length;
+  };
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && event.target.closest && event.target.closest("#message")) arm();
+  }, true);
+  document.addEventListener("click", (event) => {
+    if (event.target.closest && event.target.closest("#send, #examples button")) arm();
+  }, true);
+
+  const visibleText = (bubble) => {
+    const copy = bubble.cloneNode(true);
+    copy.querySelectorAll(".msg-figures, .thinking, button, svg").forEach((node) => node.remove());
+    return (copy.innerText || copy.textContent || "").trim();
+  };
+  const report = (milliseconds) => {
+    const box = document.querySelector("#visible-latency textarea, #visible-latency input");
+    const send = document.querySelector("#visible-latency-send");
+    if (!box || !send) return;
+    box.value = milliseconds.toFixed(1);
+    box.dispatchEvent(new Event("input", { bubbles: true }));
+    send.click();
+  };
+
+  new MutationObserver(() => {
+    markUnavailable();
+    if (armedAt === null) return;
+    const bots = botMessages();
+    if (bots.length <= botsWhenArmed) return;
+    if (!visibleText(bots[bots.length - 1])) return;
+    const waited = performance.now() - armedAt;
+    armedAt = null;
+    report(waited);
+  }).observe(document.body, { subtree: true, childList: true, characterData: true });
+
+  markUnavailable();
+  collapseOnNarrowScreens(25);
+}
