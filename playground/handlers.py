@@ -37,7 +37,7 @@ from playground.settings import Settings
 
 PROGRESS_REFRESH_S = 0.25
 APPLY_OUTPUTS = ("header", "status", "apply", "check", "session", "pool", "examples", *FORM_FIELDS)
-PAGE_OUTPUTS = ("header", "session", "pool", "check", "examples", "chatbot", "notice", "system_prompt",
+PAGE_OUTPUTS = ("header", "session", "pool", "check", "examples", "chatbot", "notice", "system_prompt", "stored",
                 "export_json", "export_md", "model", *CHART_NAMES, *[f for f in FORM_FIELDS if f != "model"])
 REFRESH_OUTPUTS = (*CHART_NAMES, "pool", "header")
 # Fields that only matter while speculative decoding is on.
