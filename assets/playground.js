@@ -1,7 +1,7 @@
 () => {
   // The playground's page script (run once on load; see playground/layout.py).
   // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip.
-  // 2. On a narrow screen the engine panel starts collapsed (CSS puts the chat first).
+  // 2. On a narrow screen the engine panel and the sampling controls start collapsed (CSS puts the chat first).
   // 3. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
   //    on screen, sent to the server to sit beside the engine's own TTFT.
   const UNAVAILABLE = __UNAVAILABLE__;
@@ -22,12 +22,12 @@
 
   const collapseOnNarrowScreens = (triesLeft) => {
     if (!window.matchMedia("(max-width: 900px)").matches) return;
-    const toggle = document.querySelector("#engine-acc > .label-wrap");
-    if (!toggle) {
+    const toggles = ["#engine-acc", "#sampling-acc"].map((id) => document.querySelector(`${id} > .label-wrap`));
+    if (toggles.some((toggle) => !toggle)) {
       if (triesLeft > 0) setTimeout(() => collapseOnNarrowScreens(triesLeft - 1), 200);
       return;
     }
-    if (toggle.classList.contains("open")) toggle.click();
+    toggles.filter((toggle) => toggle.classList.contains("open")).forEach((toggle) => toggle.click());
   };
 
   const botMessages = () => document.querySelectorAll('#chat .message.bot, #chat [data-testid="bot"]');

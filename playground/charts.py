@@ -44,8 +44,8 @@ class ChartSpec:
 
 THROUGHPUT = ChartSpec("throughput", f"Tokens per second · {ALL_SESSIONS}", "tokens_per_s", "tokens / s",
                        {"prefill (all)": "#a5b4fc", "decode (all)": "#4f46e5", "this session": "#f97316"})
-KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks · {ALL_SESSIONS}", "blocks", "blocks (#)",
-                      {"allocated": "#94a3b8", "in use (all)": "#0d9488"}, integer_y=True)
+KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks in use · {ALL_SESSIONS}", "blocks", "blocks (#)",
+                      {"in use (all)": "#0d9488"}, integer_y=True)
 BATCH = ChartSpec("batch", f"Running sequences · {ALL_SESSIONS}", "sequences", "sequences (#)",
                   {"running (all)": "#4f46e5", "this session": "#f97316"}, integer_y=True)
 LINE_CHARTS = (THROUGHPUT, KV_BLOCKS, BATCH)
@@ -138,24 +138,25 @@ def kv_sample(stats: dict, now: float) -> dict:
 
 
 def kv_blocks_frame(samples: list[dict], now: float) -> pd.DataFrame:
-    """Blocks in use against blocks allocated, over the last WINDOW_S seconds."""
-    rows = []
-    for sample in samples:
-        age = now - sample["time"]
-        if 0 <= age < WINDOW_S:
-            rows.append({"time_s": -age, "blocks": sample["total"], "series": "allocated"})
-            rows.append({"time_s": -age, "blocks": sample["used"], "series": "in use (all)"})
+    """Blocks in use over the last WINDOW_S seconds (the allocation, usually far larger, is in the chart's label)."""
+    rows = [{"time_s": -(now - s["time"]), "blocks": s["used"], "series": "in use (all)"}
+            for s in samples if 0 <= now - s["time"] < WINDOW_S]
     return _typed(rows, {"time_s": float, "blocks": float, "series": object})
+
+
+def kv_blocks_label(samples: list[dict]) -> str:
+    total = samples[-1]["total"] if samples else 0
+    return f"KV cache blocks in use · of {total} allocated · {ALL_SESSIONS}" if total else KV_BLOCKS.title
 
 
 def trim_samples(samples: list[dict], now: float) -> list[dict]:
     return [s for s in samples if now - s["time"] < WINDOW_S]
 
 
-def integer_axis_top(values: pd.Series, floor: int) -> int:
-    """An axis top of at least `floor` (>= 8), so that the axis' nice ticks are whole numbers."""
+def integer_axis_top(values: pd.Series) -> int:
+    """An axis top of at least 8 and the largest value, so that the axis' nice ticks are whole numbers."""
     top = float(values.max()) if len(values) else 0.0
-    return max(floor, 8, int(math.ceil(top)))
+    return max(8, int(math.ceil(top)))
 
 
 # ----- HTML charts --------------------------------------------------------------------------

@@ -220,7 +220,11 @@ class ChatHandlers:
         except Refused as refusal:
             yield pack(CHAT_OUTPUTS, {"session": session, "notice": _notice("bad", str(refusal))})
             return
-        if not text or session.streaming:
+        if session.streaming:
+            yield pack(CHAT_OUTPUTS, {"session": session, "notice": _notice(
+                "bad", "a reply is still streaming: wait for it or press Stop, then send again")})
+            return
+        if not text:
             yield pack(CHAT_OUTPUTS, {"session": session})
             return
         session.conversation.system_prompt = system

@@ -228,9 +228,11 @@ class Playground:
         shared = self.pool.is_loaded(config)
         job = LoadJob(self.pool, config, None if shared else hub_repo(config["model"], self.models))
         busy = "Sharing the loaded engine…" if shared else f"Loading {config['model']}…"
-        while not job.wait(PROGRESS_REFRESH_S):
+        while True:  # the phases show at once and then every PROGRESS_REFRESH_S until the load ends
             yield pack(APPLY_OUTPUTS, {**shown, **panel, "status": _status("busy", busy, "", progress_html(job)),
                                        "apply": gr.Button(interactive=False, value="Loading…")})
+            if job.wait(PROGRESS_REFRESH_S):
+                break
         if job.error is not None:
             still = f"Still serving: {config_summary(session.config)}"
             yield pack(APPLY_OUTPUTS, {**panel, "status": _status("bad", "Load failed", self._error(job.error),
@@ -349,8 +351,9 @@ class Playground:
             if frame.empty:  # gradio's plots do not recover from a first render without data
                 plots[spec.name] = gr.skip()
             elif spec.integer_y:
-                floor = session.config["max_num_seqs"] if spec is charts.BATCH else 0
-                plots[spec.name] = gr.LinePlot(value=frame, y_lim=[0, charts.integer_axis_top(frame[spec.y], floor)])
+                label = charts.kv_blocks_label(session.kv_samples) if spec is charts.KV_BLOCKS else spec.title
+                plots[spec.name] = gr.LinePlot(value=frame, label=label,
+                                               y_lim=[0, charts.integer_axis_top(frame[spec.y])])
             else:
                 plots[spec.name] = frame
         rss = psutil.Process().memory_info().rss

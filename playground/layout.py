@@ -36,6 +36,14 @@ BLOCK_SIZES = [8, 16, 32, 64, 128, 256]
 GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
 TP_CHOICES = [1, 2, 4, 8]
 PLOT_HEIGHT = 170
+# Rules for the page around the app, which gradio's scoped custom CSS cannot reach: small phones get the
+# whole width.
+PAGE_HEAD = """<style>
+@media (max-width: 900px) {
+  .gradio-container.gradio-container { padding: 4px !important; }
+  .gradio-container .main.fillable { padding: 0 !important; }
+}
+</style>"""
 RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "batching", "speculative")
 
 
@@ -277,7 +285,7 @@ def build_app(app: Playground) -> gr.Blocks:
         ui["model"].change(app.model_info, ui["model"], ui["model"], queue=False, show_progress="hidden", **private)
         load_kwargs = dict(concurrency_limit=1, concurrency_id="engine-load", show_progress="hidden", **private)
         ui["apply"].click(app.apply, [*form, extras, session], out(APPLY_OUTPUTS), **load_kwargs)
-        ui["preset"].input(app.preset, [ui["preset"], session], out(APPLY_OUTPUTS), **load_kwargs)
+        ui["preset"].select(app.preset, [ui["preset"], session], out(APPLY_OUTPUTS), **load_kwargs)
 
         sampling = [ui[name] for name in ("system_prompt", "max_tokens", "temperature", "top_p", "top_k",
                                           "sample_seed", "stop_strings")]

@@ -19,7 +19,7 @@ from engine import Engine, EngineConfig, describe_device, estimate_memory, list_
 from playground.errors import Refused
 from playground.form import MIB
 from playground.handlers import Playground, engine_size_bytes
-from playground.layout import CSS_PATH, THEME, build_app, page_css, page_js
+from playground.layout import CSS_PATH, PAGE_HEAD, THEME, build_app, page_css, page_js
 from playground.openai_api import mount_openai_routes
 from playground.pool import EnginePool
 from playground.session import config_key
@@ -99,7 +99,8 @@ def launch(app: Playground, demo: gr.Blocks | None = None, prevent_thread_lock: 
         print(f"\n[playground] WARNING: {warning}\n", file=sys.stderr, flush=True)
     demo = demo or build_app(app)
     demo.queue(max_size=app.settings.max_queue, default_concurrency_limit=app.settings.max_concurrent_chats)
-    result = demo.launch(theme=THEME, css_paths=[CSS_PATH], css=page_css(), js=page_js(), prevent_thread_lock=True,
+    result = demo.launch(theme=THEME, css_paths=[CSS_PATH], css=page_css(), js=page_js(), head=PAGE_HEAD,
+                         prevent_thread_lock=True,
                          **launch_kwargs)
     mount_openai_routes(demo.app, app)
     if not prevent_thread_lock:

@@ -7,6 +7,7 @@ import math
 import threading
 import time
 
+import pandas as pd
 import pytest
 
 from engine import EngineConfig, RequestError, RequestMetrics, StepRecord, list_presets, load_preset
@@ -373,7 +374,8 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
     latest = batch[batch["time_s"] == 0.0].set_index("series")["sequences"]
     assert latest["running (all)"] == 3 and latest["this session"] == 1
     assert batch[batch["series"] == "this session"]["sequences"].sum() == 1  # the request began in the last bin
-    assert charts.integer_axis_top(batch["sequences"], 2) == 8 and charts.integer_axis_top(batch["sequences"], 32) == 32
+    assert charts.integer_axis_top(batch["sequences"]) == 8
+    assert charts.integer_axis_top(pd.Series([3.0, 12.2])) == 13
     assert "all sessions on this engine" in charts.THROUGHPUT.title
 
 
