@@ -120,6 +120,15 @@ class OpenAIService:
             raise APIError(status, describe_error(error, self.settings.public), param="model",
                            code="model_not_found" if status == 403 else None) from None
 
+    def engine_figures(self, config: dict) -> dict | None:
+        """What a loaded engine of `config` reports about itself (None when it is not loaded: a GET loads nothing)."""
+        with self.app.pool.lease_if_loaded(config) as entry:
+            if entry is None:
+                return None
+            info = entry.engine.info
+            return {key: info.get(key) for key in ("backend", "attention", "dtype", "device", "vocab_size",
+                                                   "max_model_len", "num_params")}
+
     def model_ids(self) -> list[str]:
         allowed = self.settings.allowed_models
         names = [name for name in self.app.models if allowed is None or name in allowed]
@@ -348,7 +357,7 @@ def build_router(service: OpenAIService) -> APIRouter:
         except APIError as error:
             return error.response()
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "inference-playground",
-                "config": config}
+                "config": config, "engine": service.engine_figures(config)}
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request):

@@ -158,3 +158,17 @@ def test_a_client_that_disconnects_cancels_its_request(served):
     decoded = sum(step.num_decode_tokens for step in engine.step_history(since=started))
     assert decoded < 199, "the request ran to its end although its client had gone"
     assert served.client.models.list().data  # the server keeps serving
+
+
+def test_the_bench_can_target_the_endpoint(served, tmp_path):
+    from engine.bench import main
+
+    report = tmp_path / "endpoint.json"
+    code = main(["--endpoint", served.url + "v1", "--model", served.model, "--num-prompts", "4", "--input-len", "8",
+                 "--output-len", "5", "--prefix-len", "32", "--concurrency", "1", "--compare", "no-prefix-cache",
+                 "--json", str(report)])
+    result = json.loads(report.read_text())
+    assert code == 0 and result["completed"] == 4 and result["total_output_tokens"] == 4 * 5
+    assert result["total_input_tokens"] == 4 * 40 and result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0
+    assert result["prefix_cache_hit_rate"] > 0.5, "the shared prefix should come from the prefix cache"
+    assert result["compare"]["prefix_cache_hit_rate"] == 0 and result["compare"]["config"]["prefix_caching"] is False
