@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from playground.charts import ttft_html
-from playground.conversation import Conversation, Exchange, fit_prompt
+from playground.conversation import MAX_KEPT_EXCHANGES, Conversation, Exchange, fit_prompt
 from playground.errors import Refused, describe_error
 from playground.figures import config_tag, figures_html, reply_figures
 from playground.params import parse_sampling
@@ -178,6 +178,8 @@ class ChatHandlers:
         """
         conversation = session.conversation
         conversation.exchanges.append(exchange)
+        del conversation.exchanges[:-MAX_KEPT_EXCHANGES]  # a session's memory stays bounded (the model sees less)
+        del session.turns[:-MAX_KEPT_EXCHANGES]
         textbox = {} if message_back is None else {"message": ""}
         yield pack(CHAT_OUTPUTS, {"chatbot": render_chat(conversation), "session": session, "notice": "", **textbox})
         last_chart = 0.0

@@ -6,6 +6,7 @@ import json
 import math
 import threading
 import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -394,3 +395,29 @@ def test_ttft_chart_labels_each_bar_with_its_configuration_and_prompt():
     shown = charts.ttft_html(rows)
     assert "paged/16+prefix" in shown and "prompt 412 tok (380 cached)" in shown
     assert "40 ms engine" in shown and "300 ms to text" in shown
+
+
+def test_hub_models_are_told_apart_by_whether_the_local_cache_holds_them(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from playground.loading import availability_note, hub_cache_bytes, hub_cache_state, hub_repo
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--org--cached"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / "weights.incomplete").write_bytes(b"x" * 1000)
+    assert hub_cache_state("org/cached") == "partial" and hub_cache_bytes("org/cached") == 1000
+    (snapshot / "model.safetensors").write_bytes(b"")
+    assert hub_cache_state("org/cached") == "cached" and hub_cache_state("org/absent") == "missing"
+    models = {"bundled": SimpleNamespace(source="assets/models/demo-chat"),
+              "absent": SimpleNamespace(source="org/absent")}
+    assert hub_repo("bundled", models) is None and hub_repo("absent", models) == "org/absent"
+    assert "no network needed" in availability_note("org/cached", {})
+    assert "needs the network" in availability_note("absent", models)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert "cannot load" in availability_note("absent", models)
