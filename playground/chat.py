@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 CHART_REFRESH_S = 0.5
 TEXT_REFRESH_S = 0.05
 MAX_VISIBLE_LATENCY_MS = 600_000.0
+STOP_WAIT_S = 30.0
 CHART_NAMES = ("ttft_chart", "throughput", "memory_chart", "kv_blocks", "batch")
 CHAT_OUTPUTS = ("chatbot", "message", "session", "stored", "notice", "export_json", "export_md", *CHART_NAMES)
 LATENCY_OUTPUTS = ("chatbot", "stored", "ttft_chart")
@@ -114,7 +115,7 @@ class ChatHandlers:
         received = time.perf_counter()
         speculative = session.config["speculative"] != "off"
         metrics, started = None, False
-        session.streaming = True
+        session.streaming, session.stop_requested = True, False
         try:
             with self.app.pool.lease(session.config) as entry:
                 engine = entry.engine
@@ -138,6 +139,8 @@ class ChatHandlers:
                                             else round((first_text - received) * 1000, 1)}
                         if delta.finished:
                             exchange.finish_reason, exchange.error = delta.finish_reason, delta.error
+                        elif session.stop_requested:
+                            break  # closing the stream below cancels the request
                         if now - last_shown >= TEXT_REFRESH_S or delta.finished:
                             last_shown = now
                             yield engine
@@ -152,7 +155,7 @@ class ChatHandlers:
         finally:
             session.streaming = False
             if started:
-                if exchange.finish_reason is None:  # the generator was closed: Stop, or the tab went away
+                if exchange.finish_reason is None:  # Stop, or the generator was closed (the tab went away)
                     exchange.finish_reason = "cancelled"
                 if metrics is None:
                     exchange.figures = {**exchange.figures, **reply_figures(None, speculative)}
@@ -284,10 +287,20 @@ class ChatHandlers:
         session.conversation = Conversation(system_prompt=session.conversation.system_prompt)
         return pack(CHAT_OUTPUTS, self._settled(session, ""))
 
+    def request_stop(self, session) -> None:
+        """Stop: the streaming reply of this session ends at its next delta (whatever Gradio's cancel does)."""
+        if isinstance(session, Session) and session.streaming:
+            session.stop_requested = True
+
     def stopped(self, session) -> tuple:
-        """After Stop: the reply as it was when its request was cancelled, with its figures."""
+        """After Stop: the reply as it was when its request was cancelled, with its figures.
+
+        Gradio closes the reply's generator once its current step returns, which on a busy server can
+        take a while; the cancelled reply is shown as soon as it has ended (the generator can no longer
+        show it itself).
+        """
         session = self.app.session_of(session)
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + STOP_WAIT_S
         while session.streaming and time.monotonic() < deadline:
             time.sleep(0.02)
         return pack(CHAT_OUTPUTS, self._settled(session, ""))

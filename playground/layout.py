@@ -292,14 +292,17 @@ def build_app(app: Playground) -> gr.Blocks:
         chat_kwargs = dict(concurrency_limit=app.settings.max_concurrent_chats, concurrency_id="chat",
                            show_progress="hidden", **private)
         chat_outputs = out(CHAT_OUTPUTS)
+        # always_last: a message sent while the previous event is still closing runs after it instead of being
+        # dropped (gradio's default for submit ignores it).
         sent = gr.on([ui["message"].submit, ui["send"].click], app.chat.send, [ui["message"], *sampling, session],
-                     chat_outputs, **chat_kwargs)
+                     chat_outputs, trigger_mode="always_last", **chat_kwargs)
         example = ui["examples"].click(app.chat.example, ui["examples"], ui["message"], queue=False, **private).then(
             app.chat.send, [ui["message"], *sampling, session], chat_outputs, **chat_kwargs)
         retried = ui["chatbot"].retry(app.chat.regenerate, [*sampling, session], chat_outputs, **chat_kwargs)
         edited = ui["chatbot"].edit(app.chat.edit, [*sampling, session], chat_outputs, **chat_kwargs)
-        ui["stop"].click(None, cancels=[sent, example, retried, edited], **private).then(
+        ui["stop"].click(app.chat.request_stop, [session], None, queue=False, **private).then(
             app.chat.stopped, [session], chat_outputs, **private)
+        ui["stop"].click(None, cancels=[sent, example, retried, edited], **private)
         ui["chatbot"].undo(app.chat.undo, [session], chat_outputs, **private)
         ui["chatbot"].clear(app.chat.clear, [session], chat_outputs, **private)
         ui["clear"].click(app.chat.clear, [session], chat_outputs, **private)

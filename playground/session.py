@@ -28,6 +28,7 @@ class Session:
     kv_samples: list[dict] = field(default_factory=list)
     activity: SessionActivity = field(default_factory=SessionActivity)
     streaming: bool = False
+    stop_requested: bool = False  # Stop was pressed: the streaming reply ends at its next delta
     export_paths: list[str] = field(default_factory=list)
 
 

@@ -105,8 +105,12 @@ def send(page, text: str, press_enter: bool = True) -> None:
         page.press("#message textarea", "Enter")
     else:
         page.click("#send")
-    page.wait_for_function(f"document.querySelectorAll('#chat .msg-figures:not(.live)').length > {before}",
-                           timeout=90_000)
+    try:
+        page.wait_for_function(f"document.querySelectorAll('#chat .msg-figures:not(.live)').length > {before}",
+                               timeout=90_000)
+    except Exception as error:  # say what the page showed instead
+        raise AssertionError(f"no reply to {text!r}: notice {page.inner_text('#chat-notice')!r}, chat "
+                             f"{page.inner_text('#chat')[-300:]!r}") from error
 
 
 def last_figures(page) -> str:
@@ -199,13 +203,21 @@ def test_a_reload_keeps_the_conversation_of_this_browser(page):
     assert before.split("engine TTFT")[0].strip()[:40] in page.inner_text("#chat")
 
 
+def ttft_rows(page) -> int:
+    """Replies the server has finished for this tab (each adds a row to the TTFT chart)."""
+    return page.locator("#chart-ttft .hrow").count()
+
+
+def wait_for_reply_after(page, rows: int) -> None:
+    page.wait_for_function(f"document.querySelectorAll('#chart-ttft .hrow').length > {rows} && "
+                           "!document.querySelector('#chat .thinking, #chat .msg-figures.live')", timeout=90_000)
+
+
 def test_retry_undo_edit_and_stop(served, page, monkeypatch):
     bots = page.locator('#chat [data-testid="bot"]')
-    count = bots.count()
+    count, rows = bots.count(), ttft_rows(page)
     page.locator('#chat button[aria-label="Retry"]').last.click()
-    page.wait_for_function("!document.querySelector('#chat .msg-figures.live') && "
-                           "!document.querySelector('#chat .thinking')", timeout=90_000)
-    page.wait_for_timeout(500)
+    wait_for_reply_after(page, rows)
     assert bots.count() == count, "regenerate must replace the last reply, not add one"
 
     page.locator('#chat button[aria-label="Undo"]').last.click()
@@ -213,13 +225,12 @@ def test_retry_undo_edit_and_stop(served, page, monkeypatch):
                            timeout=30_000)
     assert page.input_value("#message textarea") == EXAMPLES[0], "undo puts the question back in the text box"
 
+    rows = ttft_rows(page)
     page.locator('#chat button[aria-label="Edit"]').first.click()
     page.locator("#chat textarea.edit-textarea").fill("Tell me about the os module instead.")
     page.locator('#chat button[aria-label="Submit"]').click()
-    page.wait_for_function("document.querySelector('#chat').innerText.includes('os module instead') && "
-                           "document.querySelectorAll('#chat [data-testid=\"bot\"]').length == 1 && "
-                           "document.querySelectorAll('#chat .msg-figures:not(.live)').length == 1 && "
-                           "!document.querySelector('#chat .thinking, #chat .msg-figures.live')", timeout=90_000)
+    wait_for_reply_after(page, rows)
+    assert bots.count() == 1 and "os module instead" in page.inner_text("#chat")
 
     # A reply of the demo model can end within a tenth of a second: its stream is slowed (on the engine's
     # public `stream`) so that Stop reliably arrives while it is still streaming.
@@ -236,19 +247,28 @@ def test_retry_undo_edit_and_stop(served, page, monkeypatch):
     page.press("#message textarea", "Enter")
     page.wait_for_selector("#chat .msg-figures.live", timeout=60_000)
     page.click("#stop")
-    page.wait_for_function("document.querySelector('#chat').innerText.includes('stopped')", timeout=30_000)
+    try:
+        page.wait_for_function("document.querySelector('#chat').innerText.includes('stopped')", timeout=30_000)
+    except Exception as error:
+        raise AssertionError(f"not stopped: {page.inner_text('#chat')[-400:]!r}, notice "
+                             f"{page.inner_text('#chat-notice')!r}") from error
     assert engine.stats()["num_running"] == 0
 
 
-def test_the_chats_trash_icon_clears_what_the_model_sees(page):
+def trash(page) -> None:
+    """The chat box's own trash icon; done once the server has emptied the conversation (exports disabled)."""
     page.locator('#chat button[aria-label="Clear"]').click()
     page.wait_for_function("document.querySelectorAll('#chat [data-testid=\"bot\"]').length == 0", timeout=30_000)
+    page.wait_for_selector("#export-json:disabled", timeout=30_000)
+
+
+def test_the_chats_trash_icon_clears_what_the_model_sees(page):
+    trash(page)
     send(page, "What is a KV block?")
     alone = prompt_tokens(last_figures(page))
     send(page, "And a page?")
     assert prompt_tokens(last_figures(page)) > alone
-    page.locator('#chat button[aria-label="Clear"]').click()
-    page.wait_for_function("document.querySelectorAll('#chat [data-testid=\"bot\"]').length == 0", timeout=30_000)
+    trash(page)
     send(page, "What is a KV block?")
     assert prompt_tokens(last_figures(page)) == alone, "the trash icon left old turns in the model's prompt"
 
