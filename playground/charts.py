@@ -153,10 +153,11 @@ def trim_samples(samples: list[dict], now: float) -> list[dict]:
     return [s for s in samples if now - s["time"] < WINDOW_S]
 
 
-def integer_axis_top(values: pd.Series) -> int:
-    """An axis top of at least 8 and the largest value, so that the axis' nice ticks are whole numbers."""
+def axis_top(values: pd.Series, integer: bool) -> float:
+    """The y-axis top: the largest value, at least 8 for counts (so that the nice ticks are whole numbers)
+    and at least 1 otherwise (an all-zero series would give the axis an empty range)."""
     top = float(values.max()) if len(values) else 0.0
-    return max(8, int(math.ceil(top)))
+    return max(8, int(math.ceil(top))) if integer else max(1.0, top * 1.05)
 
 
 # ----- HTML charts --------------------------------------------------------------------------

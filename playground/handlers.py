@@ -350,12 +350,10 @@ class Playground:
             frame = frames[spec.name]
             if frame.empty:  # gradio's plots do not recover from a first render without data
                 plots[spec.name] = gr.skip()
-            elif spec.integer_y:
+            else:
                 label = charts.kv_blocks_label(session.kv_samples) if spec is charts.KV_BLOCKS else spec.title
                 plots[spec.name] = gr.LinePlot(value=frame, label=label,
-                                               y_lim=[0, charts.integer_axis_top(frame[spec.y])])
-            else:
-                plots[spec.name] = frame
+                                               y_lim=[0, charts.axis_top(frame[spec.y], spec.integer_y)])
         rss = psutil.Process().memory_info().rss
         return (ttft_chart(session), plots[charts.THROUGHPUT.name],
                 charts.memory_html(stats, rss, config_summary(session.config, info)),

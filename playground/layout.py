@@ -251,10 +251,10 @@ def build_app(app: Playground) -> gr.Blocks:
                                                     "default (the model stays)", elem_id="preset", elem_classes=["ctl"])
                     ui.update(_engine_panel(app))
                     ui["pool"] = gr.HTML(elem_id="pool")
-                    with gr.Column(elem_id="apply-bar"):
-                        ui["check"] = gr.HTML(elem_id="check")
-                        ui["apply"] = gr.Button("Apply", variant="primary", elem_id="apply")
-                        ui["status"] = gr.HTML(elem_id="apply-status")
+                with gr.Column(elem_id="apply-bar"):  # outside the accordion, so it sticks to the panel's bottom
+                    ui["check"] = gr.HTML(elem_id="check")
+                    ui["apply"] = gr.Button("Apply", variant="primary", elem_id="apply")
+                    ui["status"] = gr.HTML(elem_id="apply-status")
             with gr.Column(scale=5, min_width=400, elem_id="chat-col"):
                 ui.update(_chat_column(app))
             with gr.Column(scale=4, min_width=320, elem_id="charts-col"):

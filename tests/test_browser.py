@@ -191,7 +191,10 @@ def test_chat_streams_with_both_waits_labelled_and_charts_move(served, page, sho
     assert prompt_tokens(last_figures(page)) > 0
     page.wait_for_function("document.querySelectorAll('#chart-ttft .hrow').length == 2", timeout=10_000)
     page.wait_for_timeout(2500)
+    page.set_viewport_size({"width": 1600, "height": 1250})  # tall enough for every chart
+    page.wait_for_timeout(500)
     page.screenshot(path=str(shots / "playground.png"))
+    page.set_viewport_size({"width": 1600, "height": 1000})
 
 
 def test_a_reload_keeps_the_conversation_of_this_browser(page):

@@ -375,8 +375,9 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
     latest = batch[batch["time_s"] == 0.0].set_index("series")["sequences"]
     assert latest["running (all)"] == 3 and latest["this session"] == 1
     assert batch[batch["series"] == "this session"]["sequences"].sum() == 1  # the request began in the last bin
-    assert charts.integer_axis_top(batch["sequences"]) == 8
-    assert charts.integer_axis_top(pd.Series([3.0, 12.2])) == 13
+    assert charts.axis_top(batch["sequences"], integer=True) == 8
+    assert charts.axis_top(pd.Series([3.0, 12.2]), integer=True) == 13
+    assert charts.axis_top(pd.Series([0.0, 0.0]), integer=False) == 1.0  # never an empty range
     assert "all sessions on this engine" in charts.THROUGHPUT.title
 
 
