@@ -260,7 +260,7 @@ def test_retry_undo_edit_and_stop(served, page, monkeypatch):
 
 def trash(page) -> None:
     """The chat box's own trash icon; done once the server has emptied the conversation (exports disabled)."""
-    page.locator('#chat button[aria-label="Clear"]').click()
+    page.locator('#chat button[aria-label="Clear"]').first.click()
     page.wait_for_function("document.querySelectorAll('#chat [data-testid=\"bot\"]').length == 0", timeout=30_000)
     page.wait_for_selector("#export-json:disabled", timeout=30_000)
 
