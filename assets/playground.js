@@ -1,20 +1,24 @@
 () => {
   // The playground's page script (run once on load; see playground/layout.py).
-  // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip.
+  // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip; the
+  //    others carry the engine's note on them (what they do, whether they are slow here) as theirs.
   // 2. On a narrow screen the engine panel and the sampling controls start collapsed (CSS puts the chat first).
   // 3. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
   //    on screen, sent to the server to sit beside the engine's own TTFT.
-  const UNAVAILABLE = __UNAVAILABLE__;
+  const CHOICES = __CHOICES__;
 
-  const markUnavailable = () => {
-    for (const [field, reasons] of Object.entries(UNAVAILABLE)) {
+  const markChoices = () => {
+    for (const [field, { unavailable, notes }] of Object.entries(CHOICES)) {
       const root = document.getElementById(`ctl-${field}`);
       if (!root) continue;
       for (const input of root.querySelectorAll('input[type="radio"]')) {
-        const reason = reasons[input.value];
+        const label = input.closest("label");
+        const reason = unavailable[input.value];
         if (reason && !input.disabled) {
           input.disabled = true;
-          input.closest("label").title = reason;
+          label.title = reason;
+        } else if (!reason && notes[input.value] && !label.title) {
+          label.title = notes[input.value];
         }
       }
     }
@@ -59,7 +63,7 @@
   };
 
   new MutationObserver(() => {
-    markUnavailable();
+    markChoices();
     if (armedAt === null) return;
     const bots = botMessages();
     if (bots.length <= botsWhenArmed) return;
@@ -69,6 +73,6 @@
     report(waited);
   }).observe(document.body, { subtree: true, childList: true, characterData: true });
 
-  markUnavailable();
+  markChoices();
   collapseOnNarrowScreens(25);
 }

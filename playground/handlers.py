@@ -20,6 +20,7 @@ import psutil
 from engine import EngineConfig, EngineError, preset_description
 from playground import charts
 from playground.chat import CHART_NAMES, ChatHandlers, ttft_chart
+from playground.choices import help_line
 from playground.errors import Refused, describe_error
 from playground.figures import config_summary, format_bytes, header_html
 from playground.form import (
@@ -159,6 +160,15 @@ class Playground:
                     "hub model, in the local cache") else " · hub, needs download"
             choices.append((label, name))
         return choices
+
+    @staticmethod
+    def choice_help(field_name: str):
+        """The handler that keeps a choice control's help line on the selected choice's note."""
+
+        def update(value) -> dict:
+            return gr.update(info=help_line(field_name, value))
+
+        return update
 
     def model_info(self, name) -> dict:
         """The model field's help line: memory note and whether loading needs the network."""

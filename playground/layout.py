@@ -10,7 +10,6 @@ screen the chat comes first and the engine panel starts collapsed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gradio as gr
@@ -18,6 +17,7 @@ import gradio as gr
 from engine import CHOICES, unavailable_reason
 from playground import charts
 from playground.chat import CHAT_OUTPUTS, LATENCY_OUTPUTS
+from playground.choices import DROPDOWN_CHOICES, RADIO_FIELDS, help_line, page_script_data, usable_choices
 from playground.figures import header_html
 from playground.form import FORM_FIELDS, MIB, config_to_form
 from playground.handlers import APPLY_OUTPUTS, PAGE_OUTPUTS, REFRESH_OUTPUTS, Playground
@@ -33,8 +33,6 @@ THEME = gr.themes.Soft(
     font_mono=["JetBrains Mono", "ui-monospace", "SFMono-Regular", "Menlo", "monospace"],
 )
 BLOCK_SIZES = [8, 16, 32, 64, 128, 256]
-GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
-TP_CHOICES = [1, 2, 4, 8]
 PLOT_HEIGHT = 170
 # Rules for the page around the app, which gradio's scoped custom CSS cannot reach: small phones get the
 # whole width.
@@ -44,53 +42,24 @@ PAGE_HEAD = """<style>
   .gradio-container .main.fillable { padding: 0 !important; }
 }
 </style>"""
-RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "batching", "speculative")
 
 
-def unavailable_choices(field_name: str, values) -> dict:
-    """value -> why it cannot run on this host, for the choices of one control that cannot."""
-    return {value: reason for value in values if (reason := unavailable_reason(field_name, value))}
-
-
-def _why_not(unavailable: dict) -> str:
-    """The help-line suffix naming unusable choices, grouped by reason."""
-    by_reason: dict[str, list[str]] = {}
-    for value, reason in unavailable.items():
-        generic = " ".join(reason.replace(repr(value), "").replace(f"({value})", "").split())
-        by_reason.setdefault(generic, []).append(str(value))
-    return "".join(f" · disabled: {', '.join(values)} ({reason})" for reason, values in by_reason.items())
-
-
-def _radio(field_name: str, info: str, value) -> gr.Radio:
-    """All choices; the ones that cannot run here are greyed out and blocked by the page's CSS and JS."""
-    unavailable = unavailable_choices(field_name, CHOICES[field_name])
-    return gr.Radio(CHOICES[field_name], value=value, label=field_name, info=info + _why_not(unavailable),
+def _radio(field_name: str, value) -> gr.Radio:
+    """All choices; the ones that cannot run here are greyed out and blocked by the page's CSS and script."""
+    return gr.Radio(CHOICES[field_name], value=value, label=field_name, info=help_line(field_name, value),
                     elem_id=f"ctl-{field_name}", elem_classes=["ctl"])
 
 
-def _dropdown(field_name: str, info: str, values, value) -> gr.Dropdown:
+def _dropdown(field_name: str, value) -> gr.Dropdown:
     """Only the usable choices; the rest are named in the help line. One usable choice: not editable."""
-    unavailable = unavailable_choices(field_name, [int(v) if str(v).isdigit() else v for v in values])
-    usable = [v for v in values if (int(v) if str(v).isdigit() else v) not in unavailable]
-    return gr.Dropdown(usable, value=value, label=field_name, info=info + _why_not(unavailable),
+    usable = usable_choices(field_name)
+    return gr.Dropdown(usable, value=value, label=field_name, info=help_line(field_name, value),
                        interactive=len(usable) > 1, elem_id=f"ctl-{field_name}", elem_classes=["ctl"])
 
 
-def page_css() -> str:
-    """Greys out the radio choices that cannot run on this host (the rules depend on the host)."""
-    rules = []
-    for field_name in RADIO_FIELDS:
-        for value in unavailable_choices(field_name, CHOICES[field_name]):
-            selector = f'#ctl-{field_name} label:has(input[value="{value}"])'
-            rules.append(f"{selector} {{ opacity: .45; pointer-events: none; text-decoration: line-through; }}")
-    return "\n".join(rules)
-
-
 def page_js() -> str:
-    """The page's script (assets/playground.js) with this host's unavailable choices filled in."""
-    unavailable = {field_name: {str(v): r for v, r in unavailable_choices(field_name, CHOICES[field_name]).items()}
-                   for field_name in RADIO_FIELDS}
-    return JS_PATH.read_text(encoding="utf-8").replace("__UNAVAILABLE__", json.dumps(unavailable))
+    """The page's script (assets/playground.js) with this host's choices filled in."""
+    return JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data())
 
 
 def _line_plot(spec: charts.ChartSpec) -> gr.LinePlot:
@@ -115,14 +84,10 @@ def _engine_panel(app: Playground) -> dict:
         placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct", info="overrides the list when set",
         visible=not settings.curated_only, elem_classes=["ctl"])
     with gr.Accordion("Execution", open=True, elem_classes=["group"]):
-        controls["backend"] = _radio("backend", "native engine or plain transformers (baseline)", form["backend"])
-        controls["device"] = _radio("device", "where the model runs", form["device"])
-        controls["dtype"] = _radio("dtype", "weight and activation precision", form["dtype"])
-        controls["quantization"] = _radio("quantization", "weight-only quantization level", form["quantization"])
-        controls["attention"] = _radio("attention", "attention kernel over the KV cache", form["attention"])
+        for field_name in ("backend", "device", "dtype", "quantization", "attention"):
+            controls[field_name] = _radio(field_name, form[field_name])
     with gr.Accordion("KV cache", open=True, elem_classes=["group"]):
-        controls["kv_layout"] = _radio("kv_layout", "paged blocks, or one contiguous slab per sequence",
-                                       form["kv_layout"])
+        controls["kv_layout"] = _radio("kv_layout", form["kv_layout"])
         controls["block_size"] = gr.Dropdown(BLOCK_SIZES, value=form["block_size"], label="block_size",
                                              info="tokens per KV block", elem_id="ctl-block_size", elem_classes=["ctl"])
         controls["prefix_caching"] = gr.Checkbox(value=form["prefix_caching"], label="prefix_caching",
@@ -134,8 +99,7 @@ def _engine_panel(app: Playground) -> dict:
             info="KV budget; 0 = automatic" + (f" · at most {kv_cap} MiB here" if kv_cap else ""),
             elem_id="ctl-kv_cache_mib", elem_classes=["ctl"])
     with gr.Accordion("Batching", open=True, elem_classes=["group"]):
-        controls["batching"] = _radio("batching", "continuous: join and leave every step; static: whole batches",
-                                      form["batching"])
+        controls["batching"] = _radio("batching", form["batching"])
         controls["max_num_seqs"] = gr.Slider(1, settings.max_num_seqs or 256, value=form["max_num_seqs"], step=1,
                                              label="max_num_seqs", info="most sequences in one batch",
                                              elem_id="ctl-max_num_seqs", elem_classes=["ctl"])
@@ -148,8 +112,7 @@ def _engine_panel(app: Playground) -> dict:
             info="context length; 0 = the model's own (up to the engine's default)", elem_id="ctl-max_model_len",
             elem_classes=["ctl"])
     with gr.Accordion("Speculative decoding", open=False, elem_classes=["group"]):
-        controls["speculative"] = _radio("speculative", "propose tokens cheaply, verify them in one pass",
-                                         form["speculative"])
+        controls["speculative"] = _radio("speculative", form["speculative"])
         spec_on = form["speculative"] != "off"
         controls["draft_model"] = gr.Dropdown(
             [("(the model's curated draft)", "")] + [(n, n) for n in app.models], value=form["draft_model"],
@@ -160,10 +123,8 @@ def _engine_panel(app: Playground) -> dict:
             info="tokens proposed per step (only while speculative decoding is on)",
             elem_id="ctl-num_speculative_tokens", elem_classes=["ctl"])
     with gr.Accordion("Attention heads, parallelism, advanced", open=False, elem_classes=["group"]):
-        controls["gqa"] = _dropdown("gqa", "native heads, MHA, or a number of KV heads (GQA/MQA)", GQA_CHOICES,
-                                    form["gqa"])
-        controls["tensor_parallel_size"] = _dropdown("tensor_parallel_size", "shard the model over workers",
-                                                     TP_CHOICES, form["tensor_parallel_size"])
+        controls["gqa"] = _dropdown("gqa", form["gqa"])
+        controls["tensor_parallel_size"] = _dropdown("tensor_parallel_size", form["tensor_parallel_size"])
         controls["seed"] = gr.Number(value=form["seed"], label="seed", precision=0, minimum=0,
                                      info="the engine's seed (requests without their own seed)",
                                      elem_id="ctl-seed", elem_classes=["ctl"])
@@ -283,6 +244,9 @@ def build_app(app: Playground) -> gr.Blocks:
         ui["speculative"].change(app.dependent_fields, ui["speculative"], [ui["draft_model"],
                                  ui["num_speculative_tokens"]], queue=False, show_progress="hidden", **private)
         ui["model"].change(app.model_info, ui["model"], ui["model"], queue=False, show_progress="hidden", **private)
+        for field_name in (*RADIO_FIELDS, *DROPDOWN_CHOICES):  # the help line follows the selected choice's note
+            ui[field_name].change(app.choice_help(field_name), ui[field_name], ui[field_name], queue=False,
+                                  show_progress="hidden", **private)
         load_kwargs = dict(concurrency_limit=1, concurrency_id="engine-load", show_progress="hidden", **private)
         ui["apply"].click(app.apply, [*form, extras, session], out(APPLY_OUTPUTS), **load_kwargs)
         ui["preset"].select(app.preset, [ui["preset"], session], out(APPLY_OUTPUTS), **load_kwargs)

@@ -16,10 +16,11 @@ import psutil
 import torch
 
 from engine import Engine, EngineConfig, describe_device, estimate_memory, list_models, list_presets
+from playground.choices import page_css
 from playground.errors import Refused
 from playground.form import MIB
 from playground.handlers import Playground, engine_size_bytes
-from playground.layout import CSS_PATH, PAGE_HEAD, THEME, build_app, page_css, page_js
+from playground.layout import CSS_PATH, PAGE_HEAD, THEME, build_app, page_js
 from playground.openai_api import mount_openai_routes
 from playground.pool import EnginePool
 from playground.session import config_key

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import list_models, unavailable_reason
+from engine import CHOICES, choice_note, list_models, unavailable_reason
 from playground.settings import Settings
 from tests.ui_helpers import pick_model, start_app
 
@@ -339,18 +339,32 @@ def test_apply_loads_exactly_the_panels_values_and_shows_its_progress(served, pa
 
 
 def test_what_cannot_run_is_disabled_with_its_reason(page, shots):
-    for field, values in (("device", ["auto", "cpu", "cuda"]), ("attention", ["auto", "sdpa", "eager", "flash-attn"]),
-                          ("quantization", ["none", "int8", "nf4", "fp4"])):
-        for value in values:
-            reason = unavailable_reason(field, value)
+    for field in ("device", "attention", "quantization", "backend"):
+        for value in CHOICES[field]:
+            reason, note = unavailable_reason(field, value), choice_note(field, value)
             choice = page.locator(f'#ctl-{field} input[value="{value}"]')
             assert choice.is_disabled() == bool(reason), f"{field}={value}"
+            if reason or note:  # the reason it cannot run, or the engine's note on it, as its tooltip
+                assert choice.locator("xpath=..").get_attribute("title") == (reason or note)
             if reason:
-                assert choice.locator("xpath=..").get_attribute("title") == reason
                 assert value in page.inner_text(f"#ctl-{field}").split("disabled:", 1)[1]
+    notes = {v: choice_note("quantization", v) for v in CHOICES["quantization"] if not unavailable_reason(
+        "quantization", v) and choice_note("quantization", v)}
+    if notes:  # selecting a choice puts its note in the help line
+        value = next(iter(notes))
+        page.locator(f'#ctl-quantization input[value="{value}"]').click()
+        shown = f"document.querySelector('#ctl-quantization').innerText.includes({json.dumps(value + ': ')})"
+        page.wait_for_function(shown, timeout=10_000)
+        page.locator('#ctl-quantization input[value="none"]').click()
     page.locator("#engine-panel button", has_text="Speculative decoding").click()
     assert page.locator("#ctl-draft_model input").is_disabled()
     assert page.locator("#ctl-num_speculative_tokens input[type=number]").is_disabled()
+    if not unavailable_reason("speculative", "draft"):  # they follow speculation as it is switched on and off
+        page.locator('#ctl-speculative input[value="draft"]').click()
+        page.wait_for_function("!document.querySelector('#ctl-draft_model input').disabled", timeout=10_000)
+        assert page.locator("#ctl-num_speculative_tokens input[type=number]").is_enabled()
+        page.locator('#ctl-speculative input[value="off"]').click()
+        page.wait_for_function("document.querySelector('#ctl-draft_model input').disabled", timeout=10_000)
 
     page.locator("#ctl-kv_layout label", has_text="contiguous").click()
     page.locator("#ctl-prefix_caching input").check()

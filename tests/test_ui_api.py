@@ -258,6 +258,8 @@ def test_no_handler_raises_on_hostile_input(running_app):
         exhaust(app.refresh(value))
         exhaust(app.model_info(value))
         exhaust(app.dependent_fields(value))
+        for field_name in ("quantization", "gqa", "tensor_parallel_size", "backend"):
+            assert "info" in app.choice_help(field_name)(value)
         exhaust(app.chat.record_visible_latency(value, session))
         exhaust(app.chat.send(value, value, 4, 0.0, 1.0, 0, "", [], session))
         exhaust(app.chat.send("hi", "", value, value, value, value, value, value, session))
