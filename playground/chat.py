@@ -52,7 +52,7 @@ def render_chat(conversation: Conversation) -> list[dict]:
         if exchange.error:
             body += f'\n\n<div class="reply-error">✕ {html.escape(exchange.error, quote=False)}</div>'
         if exchange.figures or exchange.done:
-            body += figures_html(exchange.figures, exchange.finish_reason, exchange.dropped_turns,
+            body += figures_html(exchange.shown_figures, exchange.finish_reason, exchange.dropped_turns,
                                  live=not exchange.done)
         messages += [{"role": "user", "content": html.escape(exchange.user, quote=False)},
                      {"role": "assistant", "content": body}]
@@ -65,7 +65,7 @@ def ttft_chart(session: Session) -> str:
     for number, exchange in enumerate(session.turns, start=1):
         figures = exchange.figures
         rows.append({"number": number, "config": exchange.config, "engine_ttft_ms": figures.get("engine_ttft_ms"),
-                     "first_text_ms": figures.get("first_text_ms"), "visible_ttft_ms": figures.get("visible_ttft_ms"),
+                     "first_text_ms": figures.get("first_text_ms"), "visible_ttft_ms": exchange.visible_ttft_ms,
                      "prompt_tokens": figures.get("prompt_tokens") or 0,
                      "cached_tokens": figures.get("cached_tokens") or 0})
     return ttft_html(rows)
@@ -322,7 +322,7 @@ class ChatHandlers:
         if not exchanges or not 0 <= milliseconds <= MAX_VISIBLE_LATENCY_MS:
             return pack(LATENCY_OUTPUTS, {})
         newest = exchanges[-1]
-        newest.figures = {**newest.figures, "visible_ttft_ms": round(milliseconds, 1)}
+        newest.visible_ttft_ms = round(milliseconds, 1)
         if not newest.done:  # the stream shows it with its next update
             return pack(LATENCY_OUTPUTS, {})
         return pack(LATENCY_OUTPUTS, {"chatbot": render_chat(session.conversation),

@@ -20,7 +20,7 @@ EXPORT_FORMAT = "inference-playground-conversation/1"
 MAX_KEPT_EXCHANGES = 100
 MAX_REPLY_CHARS = 100_000
 MAX_LABEL_CHARS = 300
-FIGURE_KEYS = ("engine_ttft_ms", "first_text_ms", "visible_ttft_ms", "decode_tokens_per_s", "tpot_ms", "e2el_ms",
+FIGURE_KEYS = ("engine_ttft_ms", "first_text_ms", "decode_tokens_per_s", "tpot_ms", "e2el_ms",
                "prompt_tokens", "cached_tokens", "output_tokens", "spec_acceptance")
 
 
@@ -39,6 +39,14 @@ class Exchange:
     error: str | None = None
     config: str = ""
     dropped_turns: int = 0  # older turns left out of this reply's prompt to fit the context
+    # Measured by the page (Enter -> first text on screen). Kept apart from `figures`, which the streaming
+    # thread replaces at every delta, so that neither writer can undo the other's update.
+    visible_ttft_ms: float | None = None
+
+    @property
+    def shown_figures(self) -> dict:
+        """Every figure of the reply, the page's measurement included."""
+        return {**self.figures, "visible_ttft_ms": self.visible_ttft_ms}
 
     @property
     def done(self) -> bool:
@@ -100,6 +108,12 @@ def _bounded_text(value, limit: int, name: str) -> str:
     return value
 
 
+def _number_or_none(value, name: str) -> float | int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value != value):
+        raise Refused(f"figure {name} must be a number")
+    return value
+
+
 def _exchange_from_dict(item, max_message_chars: int) -> Exchange:
     if not isinstance(item, dict):
         raise Refused("each saved exchange must be an object")
@@ -109,12 +123,8 @@ def _exchange_from_dict(item, max_message_chars: int) -> Exchange:
     figures = item.get("figures") or {}
     if not isinstance(figures, dict):
         raise Refused("figures must be an object")
-    clean = {}
-    for key in FIGURE_KEYS:
-        value = figures.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value != value):
-            raise Refused(f"figure {key} must be a number")
-        clean[key] = value
+    clean = {key: _number_or_none(figures.get(key), key) for key in FIGURE_KEYS}
+    visible = _number_or_none(item.get("visible_ttft_ms"), "visible_ttft_ms")
     dropped = item.get("dropped_turns", 0)
     if isinstance(dropped, bool) or not isinstance(dropped, int) or not 0 <= dropped <= 10_000:
         raise Refused("dropped_turns must be a small integer")
@@ -124,12 +134,12 @@ def _exchange_from_dict(item, max_message_chars: int) -> Exchange:
                     figures=clean, finish_reason=finish,
                     error=None if error is None else _bounded_text(error, MAX_LABEL_CHARS * 4, "error"),
                     config=_bounded_text(item.get("config", ""), MAX_LABEL_CHARS, "config"),
-                    dropped_turns=dropped)
+                    dropped_turns=dropped, visible_ttft_ms=visible)
 
 
 def figures_line(exchange: Exchange) -> str:
     """One line of a reply's figures, each named the way the chat chips name it."""
-    f = exchange.figures
+    f = exchange.shown_figures
     parts = []
     for label, key, unit in (("engine TTFT", "engine_ttft_ms", "ms"), ("Enter → first text", "visible_ttft_ms", "ms"),
                              ("decode", "decode_tokens_per_s", "tok/s")):

@@ -308,7 +308,7 @@ def test_the_newest_turn_is_kept_even_when_it_leaves_less_room_than_max_tokens()
 
 def test_conversation_exports_and_restores_only_well_formed_copies():
     figures = reply_figures(RequestMetrics.from_timestamps(10.0, [10.2, 10.3], 12, 8), speculative=False)
-    conversation = Conversation("be brief", [Exchange("hi", "hello", {**figures, "visible_ttft_ms": 900.0}, "stop",
+    conversation = Conversation("be brief", [Exchange("hi", "hello", figures, "stop", visible_ttft_ms=900.0,
                                                       config="demo · native"), Exchange("still streaming")])
     data = json.loads(conversation.to_json())
     assert len(data["exchanges"]) == 1  # an unfinished reply is not exported
