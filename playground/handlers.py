@@ -120,11 +120,8 @@ class Playground:
         return self._check_line(config, self.session_of(session)), gr.Button(interactive=True)
 
     def _check_line(self, config: dict, session: Session) -> str:
-        if config == session.config and self.pool.is_loaded(config):
-            return _check_html("ok", "this is the active configuration, loaded")
-        if config == session.config:
-            return _check_html("ok", "this is the active configuration · not loaded now (it loads with the next "
-                                     "message or Apply)")
+        if config == session.config:  # whether it is loaded right now is in the header, which stays current
+            return _check_html("ok", "this is the active configuration")
         state = "already loaded, shared" if self.pool.is_loaded(config) else "not loaded yet"
         return _check_html("ok", f"valid · {state} · press Apply")
 
