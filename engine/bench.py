@@ -385,6 +385,7 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
         "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
         "endpoint": base_url, "model": model, "backend": engine.get("backend"), "attention": engine.get("attention"),
         "dtype": engine.get("dtype"), "device": engine.get("device"), "config": served.get("config") or {},
+        "decode_profile_text": None,  # a server's decode steps cannot be profiled from here
     })
     return result
 

@@ -22,11 +22,11 @@ MAX_NAME_CHARS = 300
 FORM_FIELDS = (
     "model", "custom_model", "backend", "device", "dtype", "quantization", "attention", "kv_layout",
     "block_size", "prefix_caching", "kv_cache_mib", "batching", "max_num_seqs", "max_num_batched_tokens",
-    "max_model_len", "speculative", "draft_model", "num_speculative_tokens", "gqa", "tensor_parallel_size",
-    "seed", "cuda_graphs",
+    "max_model_len", "kv_memory_fraction", "speculative", "draft_model", "num_speculative_tokens", "gqa",
+    "tensor_parallel_size", "seed", "cuda_graphs", "cpu_kernels",
 )
 # Config fields the panel shows under another name or derives (the rest share their control's name).
-_DERIVED = {"model", "kv_cache_bytes", "max_model_len", "draft_model"}
+_DERIVED = {"model", "kv_cache_bytes", "max_model_len", "kv_memory_fraction", "draft_model"}
 # Hosting caps (Settings attribute -> config field), enforced in public mode.
 CAPPED_FIELDS = {"max_num_seqs": "PLAYGROUND_MAX_NUM_SEQS", "max_num_batched_tokens": "PLAYGROUND_MAX_BATCHED_TOKENS",
                  "max_model_len": "PLAYGROUND_MAX_MODEL_LEN"}
@@ -113,6 +113,10 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
                                                                         0, 2**24)
     if max_model_len == 1:
         raise Refused("max_model_len must be 0 (the model's own) or at least 2")
+    fraction = 0.0 if values["kv_memory_fraction"] is None else _number("kv_memory_fraction",
+                                                                          values["kv_memory_fraction"])
+    if not 0 <= fraction <= 1:
+        raise Refused(f"kv_memory_fraction must be 0 (the device's default) or in (0, 1], got {_shown(fraction)}")
     draft = _text("draft_model", values["draft_model"]) if speculative == "draft" else ""
     return {
         **(extras or {}),
@@ -130,6 +134,7 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
         "max_num_seqs": parse_int("max_num_seqs", values["max_num_seqs"], 1, 2**20),
         "max_num_batched_tokens": parse_int("max_num_batched_tokens", values["max_num_batched_tokens"], 1, 2**24),
         "max_model_len": max_model_len or None,
+        "kv_memory_fraction": fraction or None,
         "speculative": speculative,
         "draft_model": draft or None,
         "num_speculative_tokens": parse_int("num_speculative_tokens", values["num_speculative_tokens"], 1, 64),
@@ -137,6 +142,7 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
         "tensor_parallel_size": parse_int("tensor_parallel_size", values["tensor_parallel_size"], 1, 1024),
         "seed": parse_int("seed", values["seed"], 0, MAX_SEED),
         "cuda_graphs": _flag("cuda_graphs", values["cuda_graphs"]),
+        "cpu_kernels": _flag("cpu_kernels", values["cpu_kernels"]),
     }
 
 
@@ -150,6 +156,7 @@ def config_to_form(config: dict, curated: list[str]) -> dict:
         "custom_model": "" if in_list else config["model"],
         "kv_cache_mib": kv_bytes / MIB if kv_bytes else 0,
         "max_model_len": config.get("max_model_len") or 0,
+        "kv_memory_fraction": config.get("kv_memory_fraction") or 0,
         "draft_model": config.get("draft_model") or "",
         "gqa": str(config["gqa"]),
     })

@@ -111,6 +111,10 @@ def _engine_panel(app: Playground) -> dict:
             value=form["max_model_len"], label="max_model_len", precision=0, minimum=0, maximum=settings.max_model_len,
             info="context length; 0 = the model's own (up to the engine's default)", elem_id="ctl-max_model_len",
             elem_classes=["ctl"])
+        controls["kv_memory_fraction"] = gr.Number(
+            value=form["kv_memory_fraction"], label="kv_memory_fraction", minimum=0, maximum=1, step=0.05,
+            info="share of the memory available at load for an automatic KV cache; 0 = the device's default",
+            elem_id="ctl-kv_memory_fraction", elem_classes=["ctl"])
     with gr.Accordion("Speculative decoding", open=False, elem_classes=["group"]):
         controls["speculative"] = _radio("speculative", form["speculative"])
         spec_on = form["speculative"] != "off"
@@ -133,6 +137,9 @@ def _engine_panel(app: Playground) -> dict:
                                               info="capture decode steps as CUDA graphs"
                                                    + (f" · disabled: {no_cuda}" if no_cuda else ""),
                                               elem_id="ctl-cuda_graphs", elem_classes=["ctl"])
+        controls["cpu_kernels"] = gr.Checkbox(value=form["cpu_kernels"], label="cpu_kernels",
+                                              info="the engine's C++ CPU kernels (pure PyTorch when off or not built)",
+                                              elem_id="ctl-cpu_kernels", elem_classes=["ctl"])
     return controls
 
 

@@ -17,7 +17,7 @@ from playground.charts import SessionActivity
 from playground.conversation import Conversation, Exchange, PromptTooLong, fit_prompt
 from playground.errors import Refused, describe_error, redact_paths
 from playground.figures import config_summary, config_tag, figures_html, reply_figures
-from playground.form import FORM_FIELDS, config_to_form, enforce_caps, parse_form, preset_config
+from playground.form import FORM_FIELDS, config_to_form, enforce_caps, extras_of, parse_form, preset_config
 from playground.params import parse_sampling
 from playground.pool import EnginePool, OverBudget
 from playground.settings import Settings
@@ -202,7 +202,7 @@ def test_form_round_trips_every_field_of_a_configuration():
                           max_num_batched_tokens=512, max_model_len=256, seed=7, batching="static").to_dict()
     form = config_to_form(config, ["demo"])
     assert set(form) == set(FORM_FIELDS)
-    assert parse_form(form, {}) == config
+    assert parse_form(form, extras_of(config)) == config
 
 
 @pytest.mark.parametrize("field,value,message", [
