@@ -8,13 +8,13 @@ import urllib.error
 import urllib.request
 from types import SimpleNamespace
 
+import openai
 import pytest
 
 from engine import SamplingParams
 from playground.settings import Settings
 from tests.ui_helpers import pick_model, start_app
 
-openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What does the json module do?"}]
 
