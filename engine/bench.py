@@ -8,6 +8,14 @@ last completion, after a short untimed warm-up.
 
     python -m engine.bench --set model=random-llama-20m --num-prompts 64 --input-len 128 \
         --output-len 128 --compare baseline-hf
+
+With `--endpoint URL` the same workload goes to an OpenAI-compatible server instead (the playground
+serves one at /v1): `--model` names the served model, `--preset`/`--compare` become `MODEL@PRESET`
+model ids, and every figure is measured by this client (TTFT to the first streamed text, ITL between
+streamed chunks, token counts from the server's `usage`).
+
+    python -m engine.bench --endpoint http://127.0.0.1:7860/v1 --model demo --dataset chat \
+        --preset no-prefix-cache --compare prefix-cache
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +40,8 @@ from pathlib import Path
 import torch
 
 from engine.config import CHOICES, EngineConfig, load_preset
-from engine.core.metrics import describe_device, summarize
+from engine.core.metrics import RequestMetrics, describe_device, summarize
+from engine.core.request import RequestOutput
 from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
@@ -274,6 +285,111 @@ def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
     return figures
 
 
+# ---- an OpenAI-compatible server instead of an in-process engine -------------------------------
+
+class EndpointEngine:
+    """Stands in for `Engine` in `send`: each `submit` streams one request from an OpenAI-compatible server.
+
+    Token-id and text prompts go to /completions, chat messages to /chat/completions; the output's
+    metrics are this client's own timings (from sending the request) and the server's `usage` counts.
+    """
+
+    def __init__(self, base_url: str, model: str, timeout: float = 600.0):
+        self.base_url, self.model, self.timeout = base_url.rstrip("/"), model, timeout
+
+    def _post(self, path: str, body: dict):
+        request = urllib.request.Request(f"{self.base_url}{path}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        return urllib.request.urlopen(request, timeout=self.timeout)
+
+    def describe(self) -> dict:
+        """The served model's configuration and, once it is loaded, its engine's figures."""
+        with urllib.request.urlopen(f"{self.base_url}/models/{self.model}", timeout=self.timeout) as response:
+            return json.loads(response.read())
+
+    def submit(self, prompt, params: SamplingParams):
+        chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+        body = {"model": self.model, "max_tokens": params.max_tokens, "temperature": params.temperature,
+                "ignore_eos": params.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+                "seed": params.seed, ("messages" if chat else "prompt"): prompt}
+        sent = time.perf_counter()
+        chunk_times: list[float] = []
+        text, usage, finish, error = [], {}, None, None
+        try:
+            with self._post("/chat/completions" if chat else "/completions", body) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    if "error" in event:
+                        error = event["error"].get("message")
+                        break
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        if piece:
+                            chunk_times.append(time.perf_counter())
+                            text.append(piece)
+                        finish = choice.get("finish_reason") or finish
+        except urllib.error.HTTPError as failure:  # the server's own message, in OpenAI's error format
+            error = f"HTTP {failure.code}: {failure.read().decode(errors='replace')[:300]}"
+        except (urllib.error.URLError, OSError, ValueError) as failure:
+            error = f"{type(failure).__name__}: {failure}"
+        return _EndpointResult(self._output(prompt, "".join(text), sent, chunk_times, usage, finish, error))
+
+    @staticmethod
+    def _output(prompt, text: str, sent: float, chunk_times: list[float], usage: dict, finish, error) -> RequestOutput:
+        outputs = usage.get("completion_tokens", 0)
+        metrics = RequestMetrics(prompt_tokens=usage.get("prompt_tokens", 0), output_tokens=outputs,
+                                 cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+        if chunk_times:
+            metrics.ttft, metrics.e2el = chunk_times[0] - sent, chunk_times[-1] - sent
+            metrics.itl = [b - a for a, b in zip(chunk_times, chunk_times[1:], strict=False)]
+            if outputs > 1:
+                metrics.tpot = (metrics.e2el - metrics.ttft) / (outputs - 1)
+        ids = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else []
+        return RequestOutput(-1, ids, text, [], "error" if error else (finish or "stop"), metrics, error)
+
+
+class _EndpointResult:
+    """What `send` waits on: the request already ran in `submit` (each runs on its own bench thread)."""
+
+    def __init__(self, output: RequestOutput):
+        self._output = output
+
+    def result(self) -> RequestOutput:
+        return self._output
+
+
+def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int, temperature: float,
+                 ignore_eos: bool, warmup: bool = True) -> dict:
+    """The workload against an OpenAI-compatible server; engine-side figures are whatever the server reports."""
+    endpoint = EndpointEngine(base_url, model)
+    endpoint.submit("Hello", SamplingParams(max_tokens=1))  # loads the served engine, so it can describe itself
+    served = endpoint.describe()
+    engine = served.get("engine") or {}
+    vocab = engine.get("vocab_size")
+    if spec.dataset == "random" and not vocab:
+        raise EngineError(f"{base_url} does not report the vocabulary size of {model!r}; random prompts need it")
+    if warmup:
+        send(endpoint, warmup_workload(spec, vocab or 0), concurrency, temperature, ignore_eos, spec.seed)
+    requests = build_workload(spec, vocab or 0)
+    outputs, duration = send(endpoint, requests, concurrency, temperature, ignore_eos, spec.seed)
+    errors = [o.error for o in outputs if o.finish_reason == "error"]
+    metrics = [o.metrics for o in outputs]
+    result = summarize(metrics, duration)
+    prompt_tokens = sum(m.prompt_tokens for m in metrics)
+    result.update({
+        "num_prompts": len(requests), "errors": len(errors), "first_error": errors[0] if errors else None,
+        "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
+        "endpoint": base_url, "model": model, "backend": engine.get("backend"), "attention": engine.get("attention"),
+        "dtype": engine.get("dtype"), "device": engine.get("device"), "config": served.get("config") or {},
+        "decode_profile_text": None,  # a server's decode steps cannot be profiled from here
+    })
+    return result
+
+
 def ratios(base: dict, compare: dict) -> dict:
     """compare / base for the headline figures (None where base is 0 or missing)."""
     out = {}
@@ -313,6 +429,9 @@ def format_table(base: dict, compare: dict | None = None, names: tuple[str, str]
 
 def _describe(result: dict) -> str:
     config = result["config"]
+    if "endpoint" in result:
+        return f"{result['endpoint']} model={result['model']} | " + " ".join(f"{k}={config.get(k)}" for k in (
+            "backend", "batching", "max_num_seqs", "kv_layout", "prefix_caching"))
     speculative = ""
     if config["speculative"] != "off":
         source = result.get("draft_model") or "n-gram"
@@ -381,6 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "change in machine load hits both) and print each round's ratios and their median")
     parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads) for every run")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--endpoint", metavar="URL", help="benchmark an OpenAI-compatible server (its /v1 base URL) "
+                        "instead of an in-process engine; --model names the served model")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
                         help="only build random-llama-20m into FOLDER and exit")
     return parser
@@ -393,12 +514,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"random-llama-20m saved in {folder}")
         return 0
     try:
-        sets = parse_sets(args.sets)
-        base_config = build_config(args.preset, sets, args.model)
-        compare_config = None
-        if args.compare:
-            compare_sets = {**sets, **parse_sets(args.compare_sets)}
-            compare_config = build_config(args.compare, compare_sets, args.model or base_config.model)
+        if args.endpoint:  # the served configurations are MODEL@PRESET ids; the server resolves them
+            model = args.model or parse_sets(args.sets).get("model") or "demo"
+            base_config = f"{model}@{args.preset}" if args.preset else model
+            compare_config = f"{model}@{args.compare}" if args.compare else None
+        else:
+            sets = parse_sets(args.sets)
+            base_config = build_config(args.preset, sets, args.model)
+            compare_config = None
+            if args.compare:
+                compare_sets = {**sets, **parse_sets(args.compare_sets)}
+                compare_config = build_config(args.compare, compare_sets, args.model or base_config.model)
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -420,8 +546,12 @@ def main(argv: list[str] | None = None) -> int:
             for name, config in (("base", base_config), ("compare", compare_config)):
                 if config is None:
                     continue
-                this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
-                                              not args.no_warmup, args.perplexity, args.profile)
+                if args.endpoint:
+                    this_round[name] = run_endpoint(args.endpoint, config, spec, concurrency, args.temperature,
+                                                    ignore_eos, not args.no_warmup)
+                else:
+                    this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
+                                                  not args.no_warmup, args.perplexity, args.profile)
                 if round_index == 0:
                     print(f"{name}: {_describe(this_round[name])}")
             results = results or this_round

@@ -1,7 +1,12 @@
 """The figures shown with each reply and in the header, computed and formatted one way.
 
-Definitions follow DESIGN.md: TTFT from arrival to the first output token; decode throughput is
-(output tokens - 1) / (E2EL - TTFT), i.e. 1 / TPOT; speculative acceptance = accepted / proposed.
+Definitions follow DESIGN.md: the engine's TTFT runs from the request's arrival in the engine to
+its first output token; decode throughput is (output tokens - 1) / (E2EL - TTFT), i.e. 1 / TPOT;
+speculative acceptance = accepted / proposed. Two more waits are measured around the engine,
+because a person waits longer than the engine's TTFT: `first_text_ms` runs from the server
+receiving the message to its first text leaving the server (history fitting, tokenisation and
+queueing included), and `visible_ttft_ms` from the browser's Enter to the first text on screen
+(measured by the page; absent for API calls). Labels always say which one a number is.
 """
 
 from __future__ import annotations
@@ -9,6 +14,18 @@ from __future__ import annotations
 import html
 from pathlib import Path
 from typing import Any
+
+FIGURE_TITLES = {
+    "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
+                   "output token",
+    "Enter → text": "what you waited: from pressing Enter to the first text on screen (network, queue, "
+                    "tokenisation and the engine's TTFT)",
+    "decode": "output tokens per second after the first one (1 / TPOT)",
+    "prompt": "prompt tokens of this reply, and how many came from the prefix cache",
+    "output": "tokens generated",
+    "spec accept": "speculative tokens accepted / proposed",
+    "context": "older turns left out so the prompt fits the model's context and the reply's token budget",
+}
 
 
 def format_bytes(num_bytes: float | None) -> str:
@@ -31,15 +48,20 @@ def decode_tokens_per_second(metrics: Any) -> float | None:
     return (output_tokens - 1) / (e2el - ttft)
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
 def reply_figures(metrics: Any, speculative: bool) -> dict:
-    """Per-reply figures as plain numbers (also what the API returns)."""
-    ttft = getattr(metrics, "ttft", None)
+    """Per-reply figures from the engine's metrics, as plain numbers (also what the APIs return)."""
     figures = {
-        "ttft_ms": None if ttft is None else round(ttft * 1000, 1),
+        "engine_ttft_ms": _ms(getattr(metrics, "ttft", None)),
         "decode_tokens_per_s": _round(decode_tokens_per_second(metrics), 1),
+        "tpot_ms": _ms(getattr(metrics, "tpot", None)),
+        "e2el_ms": _ms(getattr(metrics, "e2el", None)),
         "prompt_tokens": getattr(metrics, "prompt_tokens", 0) or 0,
-        "output_tokens": getattr(metrics, "output_tokens", 0) or 0,
         "cached_tokens": getattr(metrics, "cached_tokens", 0) or 0,
+        "output_tokens": getattr(metrics, "output_tokens", 0) or 0,
     }
     if speculative:
         proposed = getattr(metrics, "spec_proposed", 0) or 0
@@ -48,22 +70,26 @@ def reply_figures(metrics: Any, speculative: bool) -> dict:
     return figures
 
 
-def figures_html(figures: dict, finish_reason: str | None = None) -> str:
-    """A row of small labelled chips placed under a reply."""
-    chips = [
-        ("TTFT", _fmt(figures.get("ttft_ms"), "{:.0f} ms")),
+def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns: int = 0, live: bool = False) -> str:
+    """A row of small labelled chips placed under a reply (hover a chip for its definition)."""
+    chips = [("engine TTFT", _fmt(figures.get("engine_ttft_ms"), "{:.0f} ms"))]
+    if figures.get("visible_ttft_ms") is not None:
+        chips.append(("Enter → text", _fmt(figures["visible_ttft_ms"], "{:.0f} ms")))
+    chips += [
         ("decode", _fmt(figures.get("decode_tokens_per_s"), "{:.1f} tok/s")),
-        ("prompt", f"{figures['prompt_tokens']} tok"),
-        ("output", f"{figures['output_tokens']} tok"),
-        ("cached", f"{figures['cached_tokens']} tok"),
+        ("prompt", f"{figures.get('prompt_tokens') or 0} tok · {figures.get('cached_tokens') or 0} cached"),
+        ("output", f"{figures.get('output_tokens') or 0} tok"),
     ]
     if "spec_acceptance" in figures:
         chips.append(("spec accept", _fmt(figures["spec_acceptance"], "{:.0%}")))
+    if dropped_turns:
+        chips.append(("context", f"{dropped_turns} older turn{'s' if dropped_turns > 1 else ''} left out"))
     if finish_reason in ("length", "cancelled", "error"):
         chips.append(("finish", {"length": "token limit", "cancelled": "stopped"}.get(finish_reason, "error")))
-    body = "".join(f'<span class="fig"><span class="fig-k">{html.escape(k)}</span> '
-                   f'<span class="fig-v">{html.escape(v)}</span></span>' for k, v in chips)
-    return f'<div class="msg-figures">{body}</div>'
+    body = "".join(f'<span class="fig" title="{html.escape(FIGURE_TITLES.get(k, k))}">'
+                   f'<span class="fig-k">{html.escape(k)}</span> <span class="fig-v">{html.escape(v)}</span></span>'
+                   for k, v in chips)
+    return f'<div class="msg-figures{" live" if live else ""}">{body}</div>'
 
 
 def model_label(model: str) -> str:
@@ -71,26 +97,41 @@ def model_label(model: str) -> str:
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
+def _kv_summary(config: dict, backend: str) -> str:
+    """The KV cache as the backend that serves it really manages it."""
+    if backend == "hf":
+        if config["batching"] == "static":
+            return "generate's own KV cache (per call)"
+        sharing = " + block sharing" if config["prefix_caching"] else ""
+        return f"transformers paged KV/{max(config['block_size'], 4)}{sharing}"
+    if config["kv_layout"] == "contiguous":
+        return "contiguous KV"
+    return f"paged KV/{config['block_size']}" + (" + prefix cache" if config["prefix_caching"] else "")
+
+
 def config_summary(config: dict, info: dict | None = None) -> str:
-    """The active configuration in one short line, e.g. for the header.
+    """The configuration in one line: backend, precision, attention, KV cache, batching and the rest.
 
     `info` (the loaded engine's) replaces `auto` choices by what they resolved to.
     """
     info = info or {}
-    parts = [model_label(config["model"]), info.get("backend") or config["backend"],
+    backend = info.get("backend") or config["backend"]
+    parts = [model_label(config["model"]), f"{backend} backend" if backend != "hf" else "hf backend (transformers)",
              info.get("dtype") or config["dtype"]]
     if config["quantization"] != "none":
         parts.append(config["quantization"])
-    parts.append(info.get("attention") or f"attention {config['attention']}")
-    kv = f"{config['kv_layout']} KV"
-    if config["kv_layout"] == "paged":
-        kv += f"/{config['block_size']}"
-    if config["prefix_caching"]:
-        kv += " + prefix"
-    parts.append(kv)
-    if config.get("kv_cache_bytes"):
+    attention = info.get("attention") or config["attention"]
+    parts.append(f"attention {attention}")
+    parts.append(_kv_summary(config, backend))
+    if config.get("kv_cache_bytes") and not (backend == "hf" and config["batching"] == "static"):
         parts.append(f"KV budget {format_bytes(config['kv_cache_bytes'])}")
-    parts.append(f"{config['batching']} ×{config['max_num_seqs']}")
+    batching = config["batching"]
+    if backend == "hf":
+        batching = "generate_batch continuous" if batching == "continuous" else "generate static"
+    parts.append(f"{batching} ×{config['max_num_seqs']}")
+    context = info.get("max_model_len") or config.get("max_model_len")
+    if context:
+        parts.append(f"context {context}")
     if config["speculative"] != "off":
         source = config["draft_model"] if config["speculative"] == "draft" else "n-gram"
         parts.append(f"spec {source} k={config['num_speculative_tokens']}")
@@ -99,6 +140,21 @@ def config_summary(config: dict, info: dict | None = None) -> str:
     if config["tensor_parallel_size"] > 1:
         parts.append(f"TP {config['tensor_parallel_size']}")
     return " · ".join(str(p) for p in parts)
+
+
+def config_tag(config: dict, info: dict | None = None) -> str:
+    """A short label of what shapes latency (backend, KV cache, batching), for chart rows and chat exports."""
+    info = info or {}
+    backend = info.get("backend") or config["backend"]
+    if backend == "hf":
+        batching = "generate_batch" if config["batching"] == "continuous" else "generate static"
+        return f"{model_label(config['model'])} · hf · {batching} ×{config['max_num_seqs']}"
+    kv = "contiguous" if config["kv_layout"] == "contiguous" else (
+        f"paged/{config['block_size']}" + ("+prefix" if config["prefix_caching"] else ""))
+    parts = [model_label(config["model"]), backend, kv, f"{config['batching']} ×{config['max_num_seqs']}"]
+    if config["speculative"] != "off":
+        parts.append(f"spec {config['speculative']} k={config['num_speculative_tokens']}")
+    return " · ".join(parts)
 
 
 def header_html(device: str, config: dict | None, info: dict | None, load_seconds: float | None) -> str:
@@ -111,6 +167,8 @@ def header_html(device: str, config: dict | None, info: dict | None, load_second
             active += f' <span class="hdr-muted">· {info["num_params"] / 1e6:.1f}M params</span>'
         if load_seconds is not None:
             active += f' <span class="hdr-muted">· loaded {load_seconds:.1f} s</span>'
+        elif info is None:
+            active += ' <span class="hdr-muted">· not loaded yet</span>'
     return (f'<div class="hdr"><span class="hdr-title">Inference Playground</span>'
             f'<span class="hdr-device">{html.escape(device)}</span>'
             f'<span class="hdr-config">{active}</span></div>')

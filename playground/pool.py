@@ -3,10 +3,13 @@
 Why: an engine batches all the requests it is given, so sessions with the same configuration
 must share one engine to be batched together; and engines are big, so the pool keeps as many as
 a memory budget allows and evicts the least recently used idle one. An engine in use (leased by
-a running request or a load in progress) is never closed.
+a running request or a load in progress) is never closed. A load that would not fit the budget
+is refused before it allocates anything: its size is estimated first, idle engines are evicted
+to make room, and what loads in parallel is reserved so that two loads cannot both squeeze in.
 
 The pool is generic over the engine: it is given a factory (config -> engine), a key function
-(config -> hashable), a size function (engine -> bytes) and a close function.
+(config -> hashable), a size function (engine -> bytes), a close function, and optionally an
+estimate function (config -> bytes, before loading).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+from playground.errors import Refused
 
 C = TypeVar("C")
 E = TypeVar("E")
@@ -36,14 +41,23 @@ class PooledEngine(Generic[E]):
 
 
 @dataclass(frozen=True)
-class PoolEntryInfo:
+class PoolEntryInfo(Generic[E]):
     """A read-only view of a pooled engine, for display."""
 
     key: Hashable
+    engine: E
     size_bytes: int
     users: int
     idle_seconds: float
     load_seconds: float
+
+
+class OverBudget(Refused):
+    """Loading this configuration would take more memory than the pool may use."""
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.0f} MiB"
 
 
 class _Loading:
@@ -66,6 +80,7 @@ class EnginePool(Generic[C, E]):
         key: Callable[[C], Hashable],
         size_of: Callable[[E], int],
         close: Callable[[E], Any],
+        estimate: Callable[[C], int] | None = None,
         memory_budget_bytes: int | None = None,
         max_engines: int = 3,
     ) -> None:
@@ -75,23 +90,29 @@ class EnginePool(Generic[C, E]):
         self._key = key
         self._size_of = size_of
         self._close = close
+        self._estimate = estimate
         self.memory_budget_bytes = memory_budget_bytes
         self.max_engines = max_engines
         self._entries: OrderedDict[Hashable, PooledEngine[E]] = OrderedDict()
         self._loading: dict[Hashable, _Loading] = {}
+        self._reserved: dict[Hashable, int] = {}  # estimated bytes of loads in progress
         self._lock = threading.Lock()
 
     @contextmanager
-    def lease(self, config: C) -> Iterator[PooledEngine[E]]:
+    def lease(self, config: C, on_phase: Callable[[str], Any] | None = None) -> Iterator[PooledEngine[E]]:
         """Hold the engine for `config` (loading it if needed) for the duration of the block.
 
-        A failed load raises the factory's exception and changes nothing else in the pool.
+        `on_phase` hears "waiting" (another caller is loading the same configuration), "sizing"
+        (estimating its memory) and "loading" (the factory runs). A load over the memory budget
+        raises `OverBudget` before the factory runs; a failed load raises the factory's exception.
+        Either way the engines that were serving keep serving (idle ones may have been evicted to
+        make room).
         """
-        entry = self._acquire(config)
+        entry = self.acquire(config, on_phase)
         try:
             yield entry
         finally:
-            self._release(entry)
+            self.release(entry)
 
     @contextmanager
     def lease_if_loaded(self, config: C) -> Iterator[PooledEngine[E] | None]:
@@ -106,7 +127,7 @@ class EnginePool(Generic[C, E]):
         try:
             yield entry
         finally:
-            self._release(entry)
+            self.release(entry)
 
     def is_loaded(self, config: C) -> bool:
         with self._lock:
@@ -116,7 +137,7 @@ class EnginePool(Generic[C, E]):
         """Loaded engines, most recently used last."""
         now = time.monotonic()
         with self._lock:
-            return [PoolEntryInfo(e.key, e.size_bytes, e.users, now - e.last_used, e.load_seconds)
+            return [PoolEntryInfo(e.key, e.engine, e.size_bytes, e.users, now - e.last_used, e.load_seconds)
                     for e in self._entries.values()]
 
     def total_bytes(self) -> int:
@@ -131,7 +152,9 @@ class EnginePool(Generic[C, E]):
         for victim in victims:
             self._close(victim.engine)
 
-    def _acquire(self, config: C) -> PooledEngine[E]:
+    def acquire(self, config: C, on_phase: Callable[[str], Any] | None = None) -> PooledEngine[E]:
+        """The engine for `config`, held until `release` (prefer `lease`, which cannot forget to)."""
+        on_phase = on_phase or (lambda phase: None)
         key = self._key(config)
         with self._lock:
             entry = self._entries.get(key)
@@ -148,19 +171,28 @@ class EnginePool(Generic[C, E]):
                 loading.waiters += 1
                 owner = False
         if not owner:
+            on_phase("waiting")
             loading.done.wait()
             if loading.error is not None:
                 raise loading.error
             return loading.entry
-        return self._load(key, config, loading)
+        return self._load(key, config, loading, on_phase)
 
-    def _load(self, key: Hashable, config: C, loading: _Loading) -> PooledEngine[E]:
+    def _load(self, key: Hashable, config: C, loading: _Loading, on_phase: Callable[[str], Any]) -> PooledEngine[E]:
         started = time.perf_counter()
+        victims: list[PooledEngine[E]] = []
         try:
+            if self._estimate is not None:
+                on_phase("sizing")
+                victims = self._reserve(key, int(self._estimate(config)))
+            for victim in victims:
+                self._close(victim.engine)
+            on_phase("loading")
             engine = self._factory(config)
         except BaseException as exc:
             with self._lock:
                 del self._loading[key]
+                self._reserved.pop(key, None)
             loading.error = exc
             loading.done.set()
             raise
@@ -170,6 +202,7 @@ class EnginePool(Generic[C, E]):
             entry.users = 1 + loading.waiters  # the waiters hold it too, before anyone can evict it
             self._entries[key] = entry
             del self._loading[key]
+            self._reserved.pop(key, None)
             loading.entry = entry
             victims = self._evict_locked()
         loading.done.set()
@@ -177,7 +210,38 @@ class EnginePool(Generic[C, E]):
             self._close(victim.engine)
         return entry
 
-    def _release(self, entry: PooledEngine[E]) -> None:
+    def _reserve(self, key: Hashable, needed: int) -> list[PooledEngine[E]]:
+        """Reserve `needed` bytes for a load, evicting idle engines (least recently used first) to make room.
+
+        Raises OverBudget, evicting nothing, when even evicting every idle engine would not make room.
+        """
+        with self._lock:
+            budget = self.memory_budget_bytes
+            if budget is None:
+                self._reserved[key] = needed
+                return []
+            if needed > budget:
+                raise OverBudget(f"this configuration needs about {_mib(needed)} (weights + KV cache), more than "
+                                 f"this server's engine memory budget of {_mib(budget)}; lower kv_cache_bytes, "
+                                 "max_num_seqs or max_model_len, or pick a smaller model")
+            in_use = sum(e.size_bytes for e in self._entries.values()) + sum(self._reserved.values())
+            idle = [k for k, e in self._entries.items() if e.users == 0]
+            freeable = sum(self._entries[k].size_bytes for k in idle)
+            if in_use + needed - freeable > budget:
+                raise OverBudget(f"this configuration needs about {_mib(needed)}, but engines serving requests "
+                                 f"hold {_mib(in_use - freeable)} of the {_mib(budget)} budget; try again when "
+                                 "they are idle, or pick a smaller configuration")
+            victims = []
+            for victim_key in idle:
+                if in_use + needed <= budget:
+                    break
+                victim = self._entries.pop(victim_key)
+                in_use -= victim.size_bytes
+                victims.append(victim)
+            self._reserved[key] = needed
+            return victims
+
+    def release(self, entry: PooledEngine[E]) -> None:
         with self._lock:
             entry.users -= 1
             entry.last_used = time.monotonic()
@@ -188,8 +252,8 @@ class EnginePool(Generic[C, E]):
     def _evict_locked(self) -> list[PooledEngine[E]]:
         """Pop idle engines, least recently used first, until count and memory fit the limits.
 
-        Runs after a load succeeds (never before: a failed load must leave what is serving in
-        place) and whenever a lease ends.
+        Runs after a load succeeds and whenever a lease ends (before a load, `_reserve` evicts only
+        what the memory budget requires).
         """
         victims = []
         max_count = self.max_engines

@@ -1,21 +1,28 @@
-"""Limits for hosting the playground in public, read once from environment variables.
+"""Limits for hosting the playground, read once from environment variables.
 
-Defaults are safe for a public Hugging Face Space: when `SPACE_ID` is set (Spaces set it) and
-`PLAYGROUND_ALLOWED_MODELS` is not, only the curated models of presets/models.toml may be loaded.
-On a laptop, any local folder or hub id may be loaded. Remote code is never trusted, whatever
-the settings: the engine only reads config.json, tokenizer files and safetensors weights.
+Why: a public server (a Hugging Face Space, or any bind address other than loopback) is reached by
+many people at once, by odd input and by people probing it. Public mode therefore loads only the
+curated models unless told otherwise, caps every memory-sizing field of a configuration, caps
+messages, tokens and the queue, and never echoes server paths in errors. On a laptop bound to
+127.0.0.1, any local folder or hub id may be loaded. Remote code is never trusted, whatever the
+settings: the engine only reads config.json, tokenizer files and safetensors weights.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 
 ANY_MODEL = "*"
 CURATED = "curated"
+LOOPBACK_NAMES = ("localhost", "")
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 64
+MAX_SEED = 2**63 - 1
 
 
-def _int_env(env: dict, name: str, default: int, minimum: int = 1) -> int:
+def _int_env(env: dict, name: str, default: int | None, minimum: int = 1) -> int | None:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -36,46 +43,78 @@ def _float_env(env: dict, name: str, default: float | None) -> float | None:
         value = float(raw)
     except ValueError as exc:
         raise ValueError(f"{name} must be a number, got {raw!r}") from exc
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0, got {raw!r}")
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address only accepts connections from this machine."""
+    host = (host or "").strip().strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
 class Settings:
-    """What a visitor may do: which models, how many tokens, how long a queue.
+    """What a visitor may do: which models, how many tokens, how big an engine, how long a queue.
 
     `allowed_models` is None when any model may be loaded; otherwise a set of model names (the
     curated names and/or hub ids and paths). `curated_only` records that the set was derived from
-    presets/models.toml, so the UI can hide the free model field.
+    presets/models.toml, so the UI can hide the free model field. The `max_*` caps on engine fields
+    are None where a field is not capped (the engine's own validation still applies); in public
+    mode each has a default. `warnings` are printed loudly when the server starts.
     """
 
     allowed_models: frozenset[str] | None = None
     curated_only: bool = False
     max_new_tokens: int = 512
     max_prompt_tokens: int = 4096
+    max_message_chars: int = 32_000
     max_queue: int = 32
     max_concurrent_chats: int = 16
     pool_memory_gib: float | None = None
     max_engines: int = 3
+    max_kv_cache_mib: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    public: bool = False
     on_space: bool = False
+    warnings: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, curated_models: list[str], env: dict | None = None) -> Settings:
         """Read PLAYGROUND_* variables; `curated_models` are the names in presets/models.toml.
 
-        PLAYGROUND_ALLOWED_MODELS: comma list of model names / hub ids / paths; `curated` stands
-        for the curated list and `*` for anything. Unset: curated only on a Space, anything
-        elsewhere.
+        Public mode: on a Space (SPACE_ID), when GRADIO_SERVER_NAME is not a loopback address, or
+        with PLAYGROUND_PUBLIC=1. PLAYGROUND_ALLOWED_MODELS: comma list of model names / hub ids /
+        paths; `curated` stands for the curated list and `*` for anything. Unset: curated only in
+        public mode, anything on a loopback-only laptop.
         """
         env = dict(os.environ if env is None else env)
         on_space = bool(env.get("SPACE_ID"))
+        bind = env.get("GRADIO_SERVER_NAME", "127.0.0.1")
+        exposed = not is_loopback(bind)
+        public = on_space or exposed or env.get("PLAYGROUND_PUBLIC", "").strip().lower() in ("1", "true", "yes")
         raw = env.get("PLAYGROUND_ALLOWED_MODELS", "").strip()
         items = [item.strip() for item in raw.split(",") if item.strip()]
+        warnings = []
         if not items:
-            items = [CURATED] if on_space else [ANY_MODEL]
+            items = [CURATED] if public else [ANY_MODEL]
+            if exposed and not on_space:
+                warnings.append(f"GRADIO_SERVER_NAME={bind} accepts connections from other machines and "
+                                "PLAYGROUND_ALLOWED_MODELS is not set: only the curated models may be loaded "
+                                "(set PLAYGROUND_ALLOWED_MODELS='*' to allow any local folder or hub id)")
         if ANY_MODEL in items:
             allowed, curated_only = None, False
+            if public:
+                warnings.append("PLAYGROUND_ALLOWED_MODELS='*' on a public server: anyone who reaches it can "
+                                "load any local folder of this machine and download any hub model")
         else:
             names = set()
             for item in items:
@@ -85,13 +124,20 @@ class Settings:
         return cls(
             allowed_models=allowed,
             curated_only=curated_only,
-            max_new_tokens=_int_env(env, "PLAYGROUND_MAX_NEW_TOKENS", 256 if on_space else 512),
-            max_prompt_tokens=_int_env(env, "PLAYGROUND_MAX_PROMPT_TOKENS", 2048 if on_space else 4096),
-            max_queue=_int_env(env, "PLAYGROUND_MAX_QUEUE", 32 if on_space else 64),
+            max_new_tokens=_int_env(env, "PLAYGROUND_MAX_NEW_TOKENS", 256 if public else 512),
+            max_prompt_tokens=_int_env(env, "PLAYGROUND_MAX_PROMPT_TOKENS", 2048 if public else 4096),
+            max_message_chars=_int_env(env, "PLAYGROUND_MAX_MESSAGE_CHARS", 8_000 if public else 32_000),
+            max_queue=_int_env(env, "PLAYGROUND_MAX_QUEUE", 32 if public else 64),
             max_concurrent_chats=_int_env(env, "PLAYGROUND_MAX_CONCURRENT_CHATS", 16),
             pool_memory_gib=_float_env(env, "PLAYGROUND_POOL_MEMORY_GIB", None),
-            max_engines=_int_env(env, "PLAYGROUND_MAX_ENGINES", 2 if on_space else 3),
+            max_engines=_int_env(env, "PLAYGROUND_MAX_ENGINES", 2 if public else 3),
+            max_kv_cache_mib=_int_env(env, "PLAYGROUND_MAX_KV_CACHE_MIB", None),
+            max_num_seqs=_int_env(env, "PLAYGROUND_MAX_NUM_SEQS", 64 if public else None),
+            max_num_batched_tokens=_int_env(env, "PLAYGROUND_MAX_BATCHED_TOKENS", 8192 if public else None),
+            max_model_len=_int_env(env, "PLAYGROUND_MAX_MODEL_LEN", 8192 if public else None, minimum=2),
+            public=public,
             on_space=on_space,
+            warnings=tuple(warnings),
         )
 
     def model_refusal(self, model: str) -> str | None:

@@ -1,0 +1,78 @@
+() => {
+  // The playground's page script (run once on load; see playground/layout.py).
+  // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip; the
+  //    others carry the engine's note on them (what they do, whether they are slow here) as theirs.
+  // 2. On a narrow screen the engine panel and the sampling controls start collapsed (CSS puts the chat first).
+  // 3. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
+  //    on screen, sent to the server to sit beside the engine's own TTFT.
+  const CHOICES = __CHOICES__;
+
+  const markChoices = () => {
+    for (const [field, { unavailable, notes }] of Object.entries(CHOICES)) {
+      const root = document.getElementById(`ctl-${field}`);
+      if (!root) continue;
+      for (const input of root.querySelectorAll('input[type="radio"]')) {
+        const label = input.closest("label");
+        const reason = unavailable[input.value];
+        if (reason && !input.disabled) {
+          input.disabled = true;
+          label.title = reason;
+        } else if (!reason && notes[input.value] && !label.title) {
+          label.title = notes[input.value];
+        }
+      }
+    }
+  };
+
+  const collapseOnNarrowScreens = (triesLeft) => {
+    if (!window.matchMedia("(max-width: 900px)").matches) return;
+    const toggles = ["#engine-acc", "#sampling-acc"].map((id) => document.querySelector(`${id} > .label-wrap`));
+    if (toggles.some((toggle) => !toggle)) {
+      if (triesLeft > 0) setTimeout(() => collapseOnNarrowScreens(triesLeft - 1), 200);
+      return;
+    }
+    toggles.filter((toggle) => toggle.classList.contains("open")).forEach((toggle) => toggle.click());
+  };
+
+  const botMessages = () => document.querySelectorAll('#chat .message.bot, #chat [data-testid="bot"]');
+  let armedAt = null;
+  let botsWhenArmed = 0;
+  const arm = () => {
+    armedAt = performance.now();
+    botsWhenArmed = botMessages().length;
+  };
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && event.target.closest && event.target.closest("#message")) arm();
+  }, true);
+  document.addEventListener("click", (event) => {
+    if (event.target.closest && event.target.closest("#send, #examples button")) arm();
+  }, true);
+
+  const visibleText = (bubble) => {
+    const copy = bubble.cloneNode(true);
+    copy.querySelectorAll(".msg-figures, .thinking, button, svg").forEach((node) => node.remove());
+    return (copy.innerText || copy.textContent || "").trim();
+  };
+  const report = (milliseconds) => {
+    const box = document.querySelector("#visible-latency textarea, #visible-latency input");
+    const send = document.querySelector("#visible-latency-send");
+    if (!box || !send) return;
+    box.value = milliseconds.toFixed(1);
+    box.dispatchEvent(new Event("input", { bubbles: true }));
+    send.click();
+  };
+
+  new MutationObserver(() => {
+    markChoices();
+    if (armedAt === null) return;
+    const bots = botMessages();
+    if (bots.length <= botsWhenArmed) return;
+    if (!visibleText(bots[bots.length - 1])) return;
+    const waited = performance.now() - armedAt;
+    armedAt = null;
+    report(waited);
+  }).observe(document.body, { subtree: true, childList: true, characterData: true });
+
+  markChoices();
+  collapseOnNarrowScreens(25);
+}

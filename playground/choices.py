@@ -1,0 +1,89 @@
+"""The choice controls of the engine panel: which values can run on this host, and what each one means.
+
+Why a module: the panel's help lines, the page's CSS and script (which grey out and disable the
+choices that cannot run), and the help line that follows the selected choice all read the engine's
+own answers (`unavailable_reason`, `choice_note`), so the UI never claims more than the engine does.
+"""
+
+from __future__ import annotations
+
+import json
+
+from engine import CHOICES, choice_note, unavailable_reason
+
+RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "batching", "speculative")
+GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
+TP_CHOICES = [1, 2, 4, 8]
+DROPDOWN_CHOICES = {"gqa": GQA_CHOICES, "tensor_parallel_size": TP_CHOICES}
+HELP = {
+    "backend": "native engine or plain transformers (baseline)",
+    "device": "where the model runs",
+    "dtype": "weight and activation precision",
+    "quantization": "weight-only quantization level",
+    "attention": "attention kernel over the KV cache",
+    "kv_layout": "paged blocks, or one contiguous slab per sequence",
+    "batching": "continuous: join and leave every step; static: whole batches",
+    "speculative": "propose tokens cheaply, verify them in one pass",
+    "gqa": "native heads, MHA, or a number of KV heads (GQA/MQA)",
+    "tensor_parallel_size": "shard the model over worker processes",
+}
+
+
+def engine_value(value):
+    """A control's value as the engine takes it (the gqa and tensor-parallel dropdowns hold digit strings)."""
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
+def all_values(field_name: str) -> list:
+    return CHOICES[field_name] if field_name in CHOICES else DROPDOWN_CHOICES[field_name]
+
+
+def unavailable_choices(field_name: str) -> dict:
+    """value -> why it cannot run on this host, for the choices of one control that cannot."""
+    return {value: reason for value in all_values(field_name)
+            if (reason := unavailable_reason(field_name, engine_value(value)))}
+
+
+def usable_choices(field_name: str) -> list:
+    unavailable = unavailable_choices(field_name)
+    return [value for value in all_values(field_name) if value not in unavailable]
+
+
+def _why_not(unavailable: dict) -> str:
+    """The help-line suffix naming unusable choices, grouped by reason."""
+    by_reason: dict[str, list[str]] = {}
+    for value, reason in unavailable.items():
+        generic = " ".join(reason.replace(repr(value), "").replace(f"({value})", "").split())
+        by_reason.setdefault(generic, []).append(str(value))
+    return "".join(f" · disabled: {', '.join(values)} ({reason})" for reason, values in by_reason.items())
+
+
+def help_line(field_name: str, value) -> str:
+    """A control's help line: what it does, which choices cannot run here and why, and the selected choice's note."""
+    line = HELP[field_name] + _why_not(unavailable_choices(field_name))
+    if isinstance(value, str | int) and not isinstance(value, bool) and value in all_values(field_name):
+        note = choice_note(field_name, engine_value(value))
+        if note:
+            line += f" · {value}: {note}"
+    return line
+
+
+def page_css() -> str:
+    """Greys out the radio choices that cannot run on this host (the rules depend on the host)."""
+    rules = []
+    for field_name in RADIO_FIELDS:
+        for value in unavailable_choices(field_name):
+            selector = f'#ctl-{field_name} label:has(input[value="{value}"])'
+            rules.append(f"{selector} {{ opacity: .45; pointer-events: none; text-decoration: line-through; }}")
+    return "\n".join(rules)
+
+
+def page_script_data() -> str:
+    """For the page script: per radio field, the reason each unusable choice cannot run and the note of the others."""
+    data = {}
+    for field_name in RADIO_FIELDS:
+        unavailable = unavailable_choices(field_name)
+        notes = {value: choice_note(field_name, value) for value in CHOICES[field_name] if value not in unavailable}
+        data[field_name] = {"unavailable": {str(v): r for v, r in unavailable.items()},
+                            "notes": {str(v): n for v, n in notes.items() if n}}
+    return json.dumps(data)
