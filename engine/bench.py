@@ -43,6 +43,7 @@ from engine.config import CHOICES, EngineConfig, load_preset
 from engine.core.metrics import RequestMetrics, describe_device, summarize
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
+from engine.roofline import engine_roofline
 from engine.sampling_params import SamplingParams
 from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
 
@@ -184,12 +185,14 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
 
 
 def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
-               ignore_eos: bool, warmup: bool = True, perplexity: bool = False, profile: bool = False) -> dict:
+               ignore_eos: bool, warmup: bool = True, perplexity: bool = False, profile: bool = False,
+               roofline: bool = True) -> dict:
     """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config
     (and, with `perplexity`, the held-out perplexity of the configuration, measured after the workload).
 
     With `profile`, the run's decode steps are set against their matmul floor (`Engine.decode_profile`),
-    measured after the run in this process.
+    measured after the run in this process. With `roofline`, the run's prefill and decode steps are placed
+    against the device's measured ceilings (`engine.roofline`; ceilings measured once per device, then cached).
     """
     from engine import Engine
 
@@ -206,6 +209,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
         cpu_seconds = time.process_time() - cpu_started
         decode_profile = engine.decode_profile(since=started) if profile else None
+        roofline_figures = roofline_report(engine, started) if roofline else {}
         quality = engine.perplexity() if perplexity else None
         stats = engine.stats()
         info = dict(engine.info)
@@ -244,11 +248,29 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
         "config": resolved,
         "quantization": info["quantization"], "num_kv_heads": info["num_kv_heads"],
         "kv_bytes_per_token": info["kv_bytes_per_token"],
+        **roofline_figures,
     })
     if quality is not None:
         result.update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
                        "perplexity_seconds": quality.seconds, "perplexity_text": quality.source})
     return result
+
+
+def roofline_report(engine, since: float) -> dict:
+    """The run's steps on the roofline (`roofline`: the full report; flat keys for each phase's intensity,
+    bound and fraction of its ceiling), or the reason they cannot be placed."""
+    try:
+        report = engine_roofline(engine, since)
+    except ValueError as error:
+        return {"roofline": None, "roofline_text": f"roofline: not available ({error})"}
+    figures = {"roofline": report.to_dict(), "roofline_text": report.format(),
+               "device_peak_flops": report.ceilings.peak_flops, "device_bandwidth": report.ceilings.bandwidth}
+    for phase in (report.prefill, report.decode):
+        if phase:
+            figures.update({f"roofline_{phase.phase}_intensity": phase.intensity,
+                            f"roofline_{phase.phase}_bound": phase.bound,
+                            f"roofline_{phase.phase}_fraction": phase.fraction_of_ceiling})
+    return figures
 
 
 def _step_time_split(before: dict, after: dict) -> dict:
@@ -495,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="after each native run, print its decode steps against their matmul floor (step time, "
                              "floor, ratio, shares of attention, KV writes/gathers, LM head, sampling, scheduling, "
                              "minor page faults per step)")
+    parser.add_argument("--no-roofline", action="store_true",
+                        help="skip placing each native run's prefill and decode steps on the device's roofline "
+                             "(its ceilings are measured once per device and dtype, then read from a cache file)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run base and --compare alternately this many times each (interleaved, so that a "
                              "change in machine load hits both) and print each round's ratios and their median")
@@ -551,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     ignore_eos, not args.no_warmup)
                 else:
                     this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
-                                                  not args.no_warmup, args.perplexity, args.profile)
+                                                  not args.no_warmup, args.perplexity, args.profile,
+                                                  not args.no_roofline)
                 if round_index == 0:
                     print(f"{name}: {_describe(this_round[name])}")
             results = results or this_round
@@ -565,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, result in results.items():
         if result["decode_profile_text"]:
             print(f"{name} ({result['backend']}, {result['attention']}): {result['decode_profile_text']}")
+    for name, result in results.items():
+        if result.get("roofline_text"):
+            print(f"{name}: {result['roofline_text']}")
     for name, result in results.items():
         if result["errors"]:
             print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)

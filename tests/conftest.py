@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -16,6 +18,22 @@ def cpu_kernels_built() -> None:
 
     cpu_kernels.build()
     assert cpu_kernels.unavailable_reason() is None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def device_ceilings_cache(tmp_path_factory):
+    """The roofline's ceilings cache of this test session (measured once here, never the user's file); app
+    processes the tests start inherit it."""
+    from engine.roofline import CACHE_ENV
+
+    path = tmp_path_factory.mktemp("ceilings") / "device-ceilings.json"
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if previous is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = previous
 
 
 def pytest_collection_modifyitems(config, items):

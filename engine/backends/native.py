@@ -252,7 +252,9 @@ class NativeBackend:
                           num_decode_tokens=len(completing) + proposed_tokens, num_running=len(self.scheduler.running),
                           kv_blocks_used=self.block_manager.num_blocks - self.block_manager.num_free_blocks,
                           num_output_tokens=sum(len(t) for t in tokens), spec_proposed=proposed_tokens,
-                          spec_accepted=sum(len(t) - 1 for t in tokens), propose_duration=proposed - started))
+                          spec_accepted=sum(len(t) - 1 for t in tokens), propose_duration=proposed - started,
+                          context_tokens=sum(chunk.end for chunk in plan.chunks),
+                          attention_pairs=sum(chunk.attention_pairs for chunk in plan.chunks)))
         for item, new_tokens, usable in zip(completing, tokens, valid, strict=True):
             self._deliver(item.request, new_tokens, usable, now)
         # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.

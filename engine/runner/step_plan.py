@@ -35,6 +35,11 @@ class SequenceChunk:
         """Context length once this chunk's K/V is written."""
         return self.start + len(self.token_ids)
 
+    @property
+    def attention_pairs(self) -> int:
+        """(query, key) pairs causal attention scores for this chunk: each new token sees itself and all before."""
+        return (self.end * (self.end + 1) - self.start * (self.start + 1)) // 2
+
 
 @dataclass(frozen=True)
 class StepPlan:

@@ -1,0 +1,167 @@
+"""The roofline: ceilings measured once and cached, step work from the model's shapes, phases placed by intensity."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from engine import Engine, EngineConfig, SamplingParams, StepRecord
+from engine.bench import main
+from engine.hub import load_hf_config
+from engine.model.spec import ModelSpec
+from engine.roofline import (
+    DeviceCeilings,
+    ModelWork,
+    StepWork,
+    analyze,
+    ceilings_key,
+    device_ceilings,
+    engine_roofline,
+    measure_ceilings,
+)
+
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FAKE = DeviceCeilings(device="test device", dtype="float32", threads=1, peak_flops=1e12, bandwidth=1e10,
+                      matmul_size=8, bandwidth_bytes=8, measured_at="2026-01-01T00:00:00Z", seconds=0.0)
+
+
+def _decode_step(batch: int, context: int, seconds: float = 1e-3) -> StepRecord:
+    return StepRecord(time=0.0, duration=seconds, batch_size=batch, num_tokens=batch, num_decode_tokens=batch,
+                      num_running=batch, kv_blocks_used=0, num_output_tokens=batch,
+                      context_tokens=batch * context, attention_pairs=batch * context)
+
+
+def _prefill_step(tokens: int, seconds: float = 1e-2) -> StepRecord:
+    return StepRecord(time=0.0, duration=seconds, batch_size=1, num_tokens=tokens, num_decode_tokens=1,
+                      num_running=1, kv_blocks_used=0, num_output_tokens=1, context_tokens=tokens,
+                      attention_pairs=tokens * (tokens + 1) // 2)
+
+
+@pytest.fixture(scope="module")
+def tiny_work(tiny_llama_dir) -> tuple[ModelSpec, ModelWork]:
+    spec = ModelSpec.from_hf_config(load_hf_config(tiny_llama_dir))
+    weights = 4 * (spec.num_layers * 10_000 + 2 * spec.vocab_size * spec.hidden_size)
+    return spec, ModelWork.of(spec, weights, kv_bytes_per_token=2 * spec.num_layers * spec.num_kv_heads
+                              * spec.head_dim * 4, dtype="float32")
+
+
+def test_work_coefficients_match_the_checkpoint(tiny_llama_dir, tiny_work):
+    """FLOPs per token are 2 x the linear weights transformers' own model holds; per pair 4 x heads x head_dim."""
+    spec, work = tiny_work
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    linear_params = sum(p.numel() for name, p in model.named_parameters()
+                        if name.endswith(".weight") and any(part in name for part in LINEAR_NAMES))
+    assert work.linear_flops_per_token == 2 * linear_params
+    assert work.lm_head_flops_per_row == 2 * model.lm_head.weight.numel()
+    assert work.attention_flops_per_pair == 4 * spec.num_heads * spec.head_dim * spec.num_layers
+    # untied embeddings: the table is not read whole each step, only one row per token
+    assert work.weight_bytes_per_step == 4 * (spec.num_layers * 10_000 + spec.vocab_size * spec.hidden_size)
+
+
+def test_step_work_sums_weights_kv_and_attention(tiny_work):
+    _, work = tiny_work
+    step = _decode_step(batch=3, context=40)
+    counted = StepWork.of(step, work)
+    assert counted.flops == 3 * (work.linear_flops_per_token + work.lm_head_flops_per_row) + 120 * (
+        work.attention_flops_per_pair)
+    assert counted.bytes == (work.weight_bytes_per_step + 120 * work.kv_bytes_per_token + 3 * work.kv_bytes_per_token
+                             + 3 * (work.embedding_bytes_per_token + work.logits_bytes_per_row))
+
+
+def test_decode_intensity_grows_with_batch_size_and_prefill_is_right_of_it(tiny_work):
+    _, work = tiny_work
+    steps = [_decode_step(batch, 64) for batch in (1, 1, 4, 16, 64)] + [_prefill_step(256)]
+    report = analyze(steps, work, FAKE)
+    intensities = [point.intensity for point in report.decode_by_batch]
+    assert [point.phase for point in report.decode_by_batch] == [f"decode, batch {b}" for b in (1, 4, 16, 64)]
+    assert intensities == sorted(intensities) and intensities[-1] > 4 * intensities[0]
+    assert report.prefill.intensity > intensities[-1]
+    assert report.decode.steps == 5 and report.prefill.steps == 1
+
+
+def test_bound_and_fraction_follow_the_ridge(tiny_work):
+    """Left of the ridge a phase is memory-bound and its fraction is bytes/s over the bandwidth; right of it,
+    compute-bound and FLOP/s over the peak."""
+    _, work = tiny_work
+    decode = StepWork.of(_decode_step(2, 32), work)
+    ridge_above = replace(FAKE, peak_flops=decode.flops / decode.bytes * FAKE.bandwidth * 10)
+    report = analyze([_decode_step(2, 32, seconds=0.5)], work, ridge_above)
+    assert report.decode.bound == "memory"
+    assert report.decode.fraction_of_ceiling == pytest.approx(decode.bytes / 0.5 / ridge_above.bandwidth)
+    ridge_below = replace(FAKE, peak_flops=decode.flops / decode.bytes * FAKE.bandwidth / 10)
+    report = analyze([_decode_step(2, 32, seconds=0.5)], work, ridge_below)
+    assert report.decode.bound == "compute"
+    assert report.decode.fraction_of_ceiling == pytest.approx(decode.flops / 0.5 / ridge_below.peak_flops)
+    assert "compute-bound" in report.summary()[0] and "of its ceiling" in report.summary()[0]
+
+
+def test_ceilings_are_measured_once_then_read_from_the_cache(tmp_path):
+    path = tmp_path / "ceilings.json"
+    calls = []
+
+    def measure(device, dtype):
+        calls.append((device, dtype))
+        return replace(FAKE, dtype=dtype)
+
+    first = device_ceilings("cpu", "float32", cache_path=path, measure=measure)
+    second = device_ceilings("cpu", "float32", cache_path=path, measure=measure)
+    assert calls == [("cpu", "float32")]
+    assert first.source == "measured" and second.source == "cache"
+    assert asdict(replace(second, source="measured")) == asdict(first)
+    assert ceilings_key("cpu", "float32") in json.loads(path.read_text())
+    device_ceilings("cpu", "bfloat16", cache_path=path, measure=measure)  # another dtype: its own entry
+    device_ceilings("cpu", "float32", cache_path=path, measure=measure, refresh=True)
+    assert calls == [("cpu", "float32"), ("cpu", "bfloat16"), ("cpu", "float32")]
+    path.write_text("not json")
+    assert device_ceilings("cpu", "float32", cache_path=path, measure=measure).source == "measured"
+
+
+def test_measured_ceilings_are_plausible_for_a_cpu():
+    ceilings = measure_ceilings("cpu", "float32")
+    assert 1e8 < ceilings.peak_flops < 1e14 and 1e8 < ceilings.bandwidth < 1e13
+    assert ceilings.ridge_intensity == ceilings.peak_flops / ceilings.bandwidth
+
+
+def test_engine_records_what_each_step_attends(tiny_llama_dir, tmp_path):
+    """One 10-token prompt, 4 tokens out: the prefill step attends 10 positions with 55 causal pairs, each
+    decode step its whole context once; the report places both phases."""
+    with Engine(EngineConfig(model=tiny_llama_dir)) as engine:
+        since = time.perf_counter()
+        engine.generate([list(range(3, 13))], SamplingParams(max_tokens=4, ignore_eos=True))
+        steps = engine.step_history(since)
+        assert [(s.num_tokens, s.context_tokens, s.attention_pairs) for s in steps] == [
+            (10, 10, 55), (1, 11, 11), (1, 12, 12), (1, 13, 13)]
+        report = engine_roofline(engine, since, cache_path=tmp_path / "c.json")
+    assert report.prefill.tokens == 10 and report.decode.tokens == 3
+    assert report.prefill.intensity > report.decode.intensity
+
+
+def test_transformers_backend_is_refused_with_its_reason(tiny_llama_dir, tmp_path):
+    with Engine(EngineConfig(model=tiny_llama_dir, backend="hf")) as engine:
+        with pytest.raises(ValueError, match="transformers backend"):
+            engine_roofline(engine, cache_path=tmp_path / "c.json")
+
+
+def test_bench_report_carries_the_roofline(tiny_llama_dir, tmp_path, device_ceilings_cache, capsys):
+    """The bench reads the cached ceilings and reports each phase's intensity, bound and fraction."""
+    cached = json.loads(device_ceilings_cache.read_text()) if device_ceilings_cache.exists() else {}
+    cached[ceilings_key("cpu", "float32")] = asdict(FAKE) | {"device": "cached test ceilings"}
+    cached[ceilings_key("cpu", "float32")].pop("source")
+    device_ceilings_cache.write_text(json.dumps(cached))
+    out = tmp_path / "bench.json"
+    assert main(["--set", f"model={tiny_llama_dir}", "--num-prompts", "2", "--input-len", "8", "--output-len", "4",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["device_peak_flops"] == FAKE.peak_flops and report["device_bandwidth"] == FAKE.bandwidth
+    assert report["roofline"]["ceilings"]["source"] == "cache"
+    assert report["roofline"]["decode"]["steps"] > 0 and report["roofline"]["prefill"]["tokens"] == 16
+    assert report["roofline_decode_bound"] == "memory"  # tiny intensity against a ridge of 100 FLOP/byte
+    assert 0 < report["roofline_decode_fraction"] and report["roofline_prefill_intensity"] > 0
+    assert "cached test ceilings" in capsys.readouterr().out
+    assert main(["--set", f"model={tiny_llama_dir}", "--num-prompts", "1", "--output-len", "2", "--no-roofline",
+                 "--json", str(out)]) == 0
+    assert "roofline" not in json.loads(out.read_text())
