@@ -23,12 +23,13 @@ from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
 from engine.hub import ModelEntry, list_models
+from engine.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
 
-__all__ = ["CHOICES", "ConfigError", "DecodeProfile", "Engine", "EngineConfig", "EngineError", "MemoryEstimate",
-           "ModelEntry", "ModelLoadError", "PerplexityResult", "RequestError", "RequestMetrics", "RequestOutput",
-           "SamplingParams", "StepRecord", "StreamDelta", "choice_note", "describe_device", "estimate_memory",
-           "list_models", "list_presets", "load_preset", "preset_description", "tensor_parallel_reason",
-           "unavailable_reason"]
+__all__ = ["CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "Engine", "EngineConfig", "EngineError",
+           "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError",
+           "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta",
+           "choice_note", "describe_device", "device_ceilings", "engine_roofline", "estimate_memory", "list_models",
+           "list_presets", "load_preset", "preset_description", "tensor_parallel_reason", "unavailable_reason"]

@@ -40,7 +40,7 @@ from engine.model.matmul import MatmulPlan, linear, onednn_available
 from engine.model.spec import ModelSpec
 
 CACHE_ENV = "INFERENCE_PLAYGROUND_CEILINGS"
-MEASURE_REPEATS = 5
+MEASURE_REPEATS = 8
 CPU_MATMUL_SIZE = 1536
 GPU_MATMUL_SIZE = 8192
 CPU_BANDWIDTH_BYTES = 256 * 2**20   # far larger than a CPU's last-level cache
@@ -284,9 +284,13 @@ class PhasePoint:
                     f"{ceilings.peak_flops / 1e9:.1f} GFLOP/s measured")
         text = (f"{self.phase} ({self.steps} steps, mean batch {self.mean_batch_size:.1f}) is {roof}: "
                 f"{self.fraction_of_ceiling:.0%} of its ceiling")
-        if self.fraction_of_ceiling > 1:
-            text += (" (above the measured DRAM bandwidth: the bytes it reads each step, "
-                     f"{self.bytes / self.steps / 2**20:.1f} MiB, partly stay in the CPU's caches between steps)")
+        if self.fraction_of_ceiling > 1 and self.bound == "memory":
+            text += (" (above the measured memory bandwidth: part of the "
+                     f"{self.bytes / self.steps / 1e6:.1f} MB it reads each step stays in the CPU's caches between "
+                     "steps)")
+        elif self.fraction_of_ceiling > 1:
+            text += (" (above the measured matmul peak: the ceilings were measured under a different load, or this "
+                     "phase's matmul shapes run faster than the square product measured; measure them again)")
         return text + "."
 
 
