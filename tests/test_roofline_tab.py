@@ -77,7 +77,8 @@ def test_probe_shows_decode_at_each_batch_size_with_the_engine_numbers(tiny_engi
     assert [point["phase"] for point in by_batch] == [f"decode, batch {b}" for b in PROBE_BATCHES]
     intensities = [point["intensity"] for point in by_batch]
     assert intensities == sorted(intensities)
-    assert view.report["prefill"]["tokens"] == sum(PROBE_BATCHES) * 128
+    sequences = sum(PROBE_BATCHES)
+    assert view.report["prefill"]["tokens"] + view.report["decode"]["tokens"] == sequences * (128 + 31)
     assert set(_drawn_points(view.chart)) == {"prefill", "decode", *(f"decode, batch {b}" for b in PROBE_BATCHES)}
 
 
