@@ -301,6 +301,12 @@ class Engine:
             raise RequestError("perplexity() takes a non-empty list of strings (or None for the held-out text)")
         return self._measure_perplexity(list(texts), f"{len(texts)} text(s) given by the caller", progress)
 
+    @property
+    def held_out_perplexity(self) -> PerplexityResult | None:
+        """The default perplexity once `perplexity()` has measured it on this engine (None before): what a
+        dashboard shows without starting the measurement."""
+        return self._held_out_perplexity
+
     def _measure_perplexity(self, texts: list[str], source: str,
                             progress: Callable[[int, int], None] | None) -> PerplexityResult:
         if self.tokenizer is None:

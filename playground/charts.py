@@ -48,7 +48,9 @@ KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks in use · {ALL_SESSIONS}", 
                       {"in use (all)": "#0d9488"}, integer_y=True)
 BATCH = ChartSpec("batch", f"Running sequences · {ALL_SESSIONS}", "sequences", "sequences (#)",
                   {"running (all)": "#4f46e5", "this session": "#f97316"}, integer_y=True)
-LINE_CHARTS = (THROUGHPUT, KV_BLOCKS, BATCH)
+SPECULATIVE = ChartSpec("spec_chart", f"Speculative acceptance · {ALL_SESSIONS}", "acceptance",
+                        "accepted / proposed", {"acceptance (all)": "#7c3aed"})
+LINE_CHARTS = (THROUGHPUT, KV_BLOCKS, BATCH, SPECULATIVE)
 
 
 @dataclass
@@ -129,6 +131,33 @@ def batch_frame(steps: list[StepRecord], activity: SessionActivity, now: float) 
         mine[index] = sum(1 for begin, end in activity.requests if begin < high and (end is None or end >= low))
     names = list(BATCH.series)
     return _series_frame(dict(zip(names, (sizes, mine), strict=True)), BATCH.y)
+
+
+def speculative_frame(steps: list[StepRecord], now: float) -> pd.DataFrame:
+    """Accepted / proposed speculative tokens of the whole engine in each time bin that verified proposals
+    (bins without any are left out, not drawn as zero)."""
+    count = len(_bin_starts())
+    proposed, accepted = [0] * count, [0] * count
+    for step in steps:
+        index = _bin_index(step.time, now)
+        if index is not None and step.spec_proposed:
+            proposed[index] += step.spec_proposed
+            accepted[index] += step.spec_accepted
+    name = next(iter(SPECULATIVE.series))
+    rows = [{"time_s": start + BIN_S, SPECULATIVE.y: a / p, "series": name}
+            for start, p, a in zip(_bin_starts(), proposed, accepted, strict=True) if p]
+    return _typed(rows, {"time_s": float, SPECULATIVE.y: float, "series": object})
+
+
+def speculative_label(steps: list[StepRecord]) -> str:
+    """The chart's title with the window's tokens per verification step: output tokens over the sequences
+    that verified proposals (1 = speculation gained nothing)."""
+    verifying = [step for step in steps if step.spec_proposed]
+    sequences = sum(step.num_decode_tokens - step.spec_proposed for step in verifying)
+    if not sequences:
+        return SPECULATIVE.title
+    per_step = sum(step.num_output_tokens for step in verifying) / sequences
+    return f"{SPECULATIVE.title} · {per_step:.2f} tokens per verification step (last {WINDOW_S:.0f} s)"
 
 
 def kv_sample(stats: dict, now: float) -> dict:

@@ -34,7 +34,7 @@ CHART_REFRESH_S = 0.5
 TEXT_REFRESH_S = 0.05
 MAX_VISIBLE_LATENCY_MS = 600_000.0
 STOP_WAIT_S = 30.0
-CHART_NAMES = ("ttft_chart", "throughput", "memory_chart", "kv_blocks", "batch")
+CHART_NAMES = ("ttft_chart", "throughput", "memory_chart", "kv_blocks", "batch", "spec_chart", "features")
 CHAT_OUTPUTS = ("chatbot", "message", "session", "stored", "notice", "export_json", "export_md", *CHART_NAMES)
 LATENCY_OUTPUTS = ("chatbot", "stored", "ttft_chart")
 THINKING = '<span class="thinking">waiting for the engine…</span>'

@@ -15,13 +15,15 @@ from dataclasses import asdict, dataclass, field
 
 from engine import RequestError
 from playground.errors import Refused
+from playground.figures import spec_acceptance_text
 
 EXPORT_FORMAT = "inference-playground-conversation/1"
 MAX_KEPT_EXCHANGES = 100
 MAX_REPLY_CHARS = 100_000
 MAX_LABEL_CHARS = 300
 FIGURE_KEYS = ("engine_ttft_ms", "first_text_ms", "decode_tokens_per_s", "tpot_ms", "e2el_ms",
-               "prompt_tokens", "cached_tokens", "output_tokens", "spec_acceptance")
+               "prompt_tokens", "cached_tokens", "output_tokens", "spec_acceptance", "spec_accepted",
+               "spec_proposed", "spec_tokens_per_step")
 
 
 class PromptTooLong(Refused):
@@ -148,7 +150,7 @@ def figures_line(exchange: Exchange) -> str:
     parts.append(f"prompt {f.get('prompt_tokens') or 0} tok ({f.get('cached_tokens') or 0} cached)")
     parts.append(f"output {f.get('output_tokens') or 0} tok")
     if f.get("spec_acceptance") is not None:
-        parts.append(f"spec acceptance {f['spec_acceptance']:.0%}")
+        parts.append(f"spec acceptance {spec_acceptance_text(f)}")
     parts.append(f"finish {exchange.finish_reason}")
     if exchange.dropped_turns:
         parts.append(f"{exchange.dropped_turns} older turn(s) left out to fit the context")

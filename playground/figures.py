@@ -23,7 +23,8 @@ FIGURE_TITLES = {
     "decode": "output tokens per second after the first one (1 / TPOT)",
     "prompt": "prompt tokens of this reply, and how many came from the prefix cache",
     "output": "tokens generated",
-    "spec accept": "speculative tokens accepted / proposed",
+    "spec accept": "speculative tokens accepted / proposed for this reply, and the tokens it gained per verification "
+                   "step (1 + accepted proposals per step; 1 = speculation gained nothing)",
     "context": "older turns left out so the prompt fits the model's context and the reply's token budget",
 }
 
@@ -66,7 +67,10 @@ def reply_figures(metrics: Any, speculative: bool) -> dict:
     if speculative:
         proposed = getattr(metrics, "spec_proposed", 0) or 0
         accepted = getattr(metrics, "spec_accepted", 0) or 0
+        drafts = getattr(metrics, "spec_drafts", 0) or 0
         figures["spec_acceptance"] = round(accepted / proposed, 3) if proposed else None
+        figures["spec_accepted"], figures["spec_proposed"] = accepted, proposed
+        figures["spec_tokens_per_step"] = round(1 + accepted / drafts, 2) if drafts else None
     return figures
 
 
@@ -81,7 +85,7 @@ def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns:
         ("output", f"{figures.get('output_tokens') or 0} tok"),
     ]
     if "spec_acceptance" in figures:
-        chips.append(("spec accept", _fmt(figures["spec_acceptance"], "{:.0%}")))
+        chips.append(("spec accept", spec_acceptance_text(figures)))
     if dropped_turns:
         chips.append(("context", f"{dropped_turns} older turn{'s' if dropped_turns > 1 else ''} left out"))
     if finish_reason in ("length", "cancelled", "error"):
@@ -90,6 +94,18 @@ def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns:
                    f'<span class="fig-k">{html.escape(k)}</span> <span class="fig-v">{html.escape(v)}</span></span>'
                    for k, v in chips)
     return f'<div class="msg-figures{" live" if live else ""}">{body}</div>'
+
+
+def spec_acceptance_text(figures: dict) -> str:
+    """A reply's acceptance: rate, accepted / proposed, tokens per verification step ("n/a" before any)."""
+    if figures.get("spec_acceptance") is None:
+        return "n/a"
+    text = f"{figures['spec_acceptance']:.0%}"
+    if figures.get("spec_proposed"):
+        text += f" ({figures['spec_accepted']}/{figures['spec_proposed']})"
+    if figures.get("spec_tokens_per_step") is not None:
+        text += f" · {figures['spec_tokens_per_step']:.2f} tok/step"
+    return text
 
 
 def model_label(model: str) -> str:

@@ -22,6 +22,7 @@ from playground import charts
 from playground.chat import CHART_NAMES, ChatHandlers, ttft_chart
 from playground.choices import help_line
 from playground.errors import Refused, describe_error
+from playground.feature_figures import features_html, unquantized_weights_bytes
 from playground.figures import config_summary, format_bytes, header_html
 from playground.form import (
     FORM_FIELDS,
@@ -41,6 +42,7 @@ APPLY_OUTPUTS = ("header", "status", "apply", "check", "session", "pool", "examp
 PAGE_OUTPUTS = ("header", "session", "pool", "check", "examples", "chatbot", "notice", "system_prompt", "stored",
                 "export_json", "export_md", "model", *CHART_NAMES, *[f for f in FORM_FIELDS if f != "model"])
 REFRESH_OUTPUTS = (*CHART_NAMES, "pool", "header")
+PERPLEXITY_PROGRESS = gr.Progress()  # Gradio shows a progress bar for a handler whose default is a gr.Progress
 # Fields that only matter while speculative decoding is on.
 SPECULATIVE_FIELDS = ("draft_model", "num_speculative_tokens")
 
@@ -351,20 +353,52 @@ class Playground:
             charts.THROUGHPUT.name: charts.throughput_frame(steps, session.activity, now),
             charts.KV_BLOCKS.name: charts.kv_blocks_frame(session.kv_samples, now),
             charts.BATCH.name: charts.batch_frame(steps, session.activity, now),
+            charts.SPECULATIVE.name: charts.speculative_frame(steps, now),
         }
+        labels = {charts.KV_BLOCKS.name: charts.kv_blocks_label(session.kv_samples),
+                  charts.SPECULATIVE.name: charts.speculative_label(steps)}
         plots = {}
         for spec in charts.LINE_CHARTS:
             frame = frames[spec.name]
             if frame.empty:  # gradio's plots do not recover from a first render without data
                 plots[spec.name] = gr.skip()
             else:
-                label = charts.kv_blocks_label(session.kv_samples) if spec is charts.KV_BLOCKS else spec.title
-                plots[spec.name] = gr.LinePlot(value=frame, label=label,
-                                               y_lim=[0, charts.axis_top(frame[spec.y], spec.integer_y)])
+                plots[spec.name] = gr.LinePlot(value=frame, label=labels.get(spec.name, spec.title),
+                                               y_lim=[0, charts.axis_top(frame[spec.y], spec.integer_y)],
+                                               visible=True)
+        speculating = session.config.get("speculative", "off") != "off"
+        if not speculating:  # the acceptance chart shows only while this configuration speculates
+            plots[charts.SPECULATIVE.name] = gr.LinePlot(visible=False)
         rss = psutil.Process().memory_info().rss
         return (ttft_chart(session), plots[charts.THROUGHPUT.name],
                 charts.memory_html(stats, rss, config_summary(session.config, info)),
-                plots[charts.KV_BLOCKS.name], plots[charts.BATCH.name])
+                plots[charts.KV_BLOCKS.name], plots[charts.BATCH.name], plots[charts.SPECULATIVE.name],
+                self._features(session, engine, stats, info))
+
+    def _features(self, session: Session, engine, stats: dict | None, info: dict | None,
+                  status: str | None = None) -> str:
+        """The quality-and-optimizations panel of the engine serving this session (None: not loaded)."""
+        perplexity = engine.held_out_perplexity if engine is not None else None
+        if perplexity is None and status is None and engine is not None and engine.tokenizer is None:
+            status = "n/a: this model has no tokenizer, and perplexity is measured on text"
+        unquantized = (unquantized_weights_bytes(session.config)
+                       if session.config.get("quantization", "none") != "none" else None)
+        return features_html(session.config, stats, info, perplexity, unquantized, status)
+
+    def measure_perplexity(self, session, progress=PERPLEXITY_PROGRESS) -> str:
+        """Measure the held-out perplexity of the engine serving this session (once per engine; cached), with
+        a progress bar; requests keep being served meanwhile."""
+        session = self.session_of(session)
+        with self.pool.lease_if_loaded(session.config) as entry:
+            if entry is None:
+                return features_html(None, None, None, None, None)
+            engine = entry.engine
+            status = None
+            try:
+                engine.perplexity(progress=lambda done, total: progress(done / total, desc="scoring held-out text"))
+            except EngineError as error:
+                status = f"could not be measured: {describe_error(error, self.settings.public)}"
+            return self._features(session, engine, engine.stats(), engine.info, status)
 
     def pool_summary(self, session: Session | None) -> str:
         entries = self.pool.entries()

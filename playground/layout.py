@@ -18,6 +18,7 @@ from engine import CHOICES, unavailable_reason
 from playground import charts
 from playground.chat import CHAT_OUTPUTS, LATENCY_OUTPUTS
 from playground.choices import DROPDOWN_CHOICES, RADIO_FIELDS, help_line, page_script_data, usable_choices
+from playground.feature_figures import features_html
 from playground.figures import header_html
 from playground.form import FORM_FIELDS, MIB, config_to_form
 from playground.handlers import APPLY_OUTPUTS, PAGE_OUTPUTS, REFRESH_OUTPUTS, Playground
@@ -62,14 +63,23 @@ def page_js() -> str:
     return JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data())
 
 
-def _line_plot(spec: charts.ChartSpec) -> gr.LinePlot:
+def _line_plot(spec: charts.ChartSpec, visible: bool = True) -> gr.LinePlot:
     # y_lim starts every axis at 0 (gradio's plots do not include zero by themselves); the colour map fixes
     # each series' colour from the first frame. The block label names the chart before it has data.
     return gr.LinePlot(x=spec.x, y=spec.y, color="series", color_map=spec.series, color_title=" ", label=spec.title,
                        show_label=True,
                        x_title=spec.x_title, y_title=spec.y_title, y_lim=[0, 8 if spec.integer_y else None],
                        y_axis_format="d" if spec.integer_y else "~s", x_lim=[-charts.WINDOW_S, 0],
-                       height=PLOT_HEIGHT, elem_id=f"chart-{spec.name}", elem_classes=["chart"])
+                       height=PLOT_HEIGHT, elem_id=f"chart-{spec.name}", elem_classes=["chart"], visible=visible)
+
+
+def _feature_figures() -> dict:
+    """Speculative acceptance over time (shown while speculating), and quality beside the optimizations."""
+    figures = {"spec_chart": _line_plot(charts.SPECULATIVE, visible=False)}
+    figures["features"] = gr.HTML(features_html(None, None, None, None, None), elem_id="chart-features",
+                                  elem_classes=["chart-html"])
+    figures["measure_ppl"] = gr.Button("Measure perplexity", size="sm", elem_id="measure-ppl")
+    return figures
 
 
 def _engine_panel(app: Playground) -> dict:
@@ -232,6 +242,7 @@ def build_app(app: Playground) -> gr.Blocks:
                                              elem_classes=["chart-html"])
                 ui["kv_blocks"] = _line_plot(charts.KV_BLOCKS)
                 ui["batch"] = _line_plot(charts.BATCH)
+                ui.update(_feature_figures())
         with gr.Row(visible="hidden"):
             latency = gr.Textbox(elem_id="visible-latency")
             latency_send = gr.Button(elem_id="visible-latency-send")
@@ -277,6 +288,8 @@ def build_app(app: Playground) -> gr.Blocks:
         ui["chatbot"].undo(app.chat.undo, [session], chat_outputs, **private)
         ui["chatbot"].clear(app.chat.clear, [session], chat_outputs, **private)
         ui["clear"].click(app.chat.clear, [session], chat_outputs, **private)
+        ui["measure_ppl"].click(app.measure_perplexity, [session], ui["features"], concurrency_limit=1,
+                                concurrency_id="measure", **private)
         latency_send.click(app.chat.record_visible_latency, [latency, session], out(LATENCY_OUTPUTS), queue=False,
                            show_progress="hidden", **private)
         # Ticks bypass the queue, so open tabs never fill PLAYGROUND_MAX_QUEUE with chart refreshes.
