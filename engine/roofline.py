@@ -24,8 +24,10 @@ model's proposing excluded), so the fractions say how close the engine as a whol
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -388,3 +390,26 @@ def engine_roofline(engine, since: float = 0.0, refresh: bool = False,
                          "whole CPU's (measured with this process's threads)")
     return analyze(engine.step_history(since), model_work(info, stats), ceilings, notes)
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m engine.roofline`: print this device's ceilings (measured once, then from the cache)."""
+    parser = argparse.ArgumentParser(prog="python -m engine.roofline", description=main.__doc__)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--threads", type=int, help="torch CPU threads (the engine uses torch's default)")
+    parser.add_argument("--refresh", action="store_true", help="measure again and overwrite the cached entry")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    c = device_ceilings(args.device, args.dtype, refresh=args.refresh)
+    print(f"{c.device}, {c.dtype}, {c.threads} thread(s): matmul peak {c.peak_flops / 1e9:.1f} GFLOP/s "
+          f"({c.matmul_size}x{c.matmul_size}), memory read {c.bandwidth / 1e9:.1f} GB/s "
+          f"({c.bandwidth_bytes / 2**20:.0f} MiB), ridge {c.ridge_intensity:.2f} FLOP/byte; "
+          f"{'from' if c.source == 'cache' else 'measured now, written to'} {ceilings_cache_path()} "
+          f"(measured {c.measured_at})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

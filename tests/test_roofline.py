@@ -168,3 +168,15 @@ def test_bench_report_carries_the_roofline(tiny_llama_dir, tmp_path, device_ceil
     assert main(["--set", f"model={tiny_llama_dir}", "--num-prompts", "1", "--output-len", "2", "--no-roofline",
                  "--json", str(out)]) == 0
     assert "roofline" not in json.loads(out.read_text())
+
+
+def test_cli_prints_the_cached_ceilings(device_ceilings_cache, capsys):
+    from engine.roofline import main as roofline_main
+
+    cached = json.loads(device_ceilings_cache.read_text()) if device_ceilings_cache.exists() else {}
+    cached[ceilings_key("cpu", "bfloat16")] = {k: v for k, v in asdict(FAKE).items() if k != "source"} | {
+        "dtype": "bfloat16"}
+    device_ceilings_cache.write_text(json.dumps(cached))
+    assert roofline_main(["--device", "cpu", "--dtype", "bfloat16"]) == 0
+    printed = capsys.readouterr().out
+    assert "matmul peak 1000.0 GFLOP/s" in printed and "memory read 10.0 GB/s" in printed and "from" in printed
