@@ -43,7 +43,7 @@ from engine.config import CHOICES, EngineConfig, load_preset
 from engine.core.metrics import RequestMetrics, describe_device, summarize
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
-from engine.roofline import engine_roofline
+from engine.roofline import device_ceilings, engine_roofline
 from engine.sampling_params import SamplingParams
 from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
 
@@ -527,6 +527,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--endpoint", metavar="URL", help="benchmark an OpenAI-compatible server (its /v1 base URL) "
                         "instead of an in-process engine; --model names the served model")
+    parser.add_argument("--ceilings", action="store_true",
+                        help="only print this device's roofline ceilings in --set dtype (default float32) and exit: "
+                             "measured once, then read from the cache file")
+    parser.add_argument("--refresh-ceilings", action="store_true",
+                        help="measure the ceilings again (overwriting the cached entry) before using them")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
                         help="only build random-llama-20m into FOLDER and exit")
     return parser
@@ -538,6 +543,17 @@ def main(argv: list[str] | None = None) -> int:
         folder = make_random_model("random-llama-20m", args.make_random_model)
         print(f"random-llama-20m saved in {folder}")
         return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ceilings or args.refresh_ceilings:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = parse_sets(args.sets).get("dtype", "auto")
+        if dtype == "auto":  # what the engine resolves `auto` to for most checkpoints
+            dtype = "bfloat16" if device == "cuda" else "float32"
+        ceilings = device_ceilings(device, dtype, refresh=args.refresh_ceilings)
+        print(ceilings.describe())
+        if args.ceilings:
+            return 0
     try:
         if args.endpoint:  # the served configurations are MODEL@PRESET ids; the server resolves them
             model = args.model or parse_sets(args.sets).get("model") or "demo"
@@ -558,8 +574,6 @@ def main(argv: list[str] | None = None) -> int:
                         prefix_len=args.prefix_len, request_rate=args.request_rate, seed=args.seed)
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
     concurrency = args.concurrency or args.num_prompts
-    if args.threads:
-        torch.set_num_threads(args.threads)
     print(f"{describe_device()}; torch threads: {torch.get_num_threads()}")
     print(f"workload: {json.dumps(asdict(spec), default=str)} "
           f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")

@@ -144,8 +144,9 @@ def roofline_summary_html(report: RooflineReport | None, reason: str | None = No
     ceilings = (f"<p class='rl-ceilings'>Ceilings of <b>{html.escape(c.device)}</b> in {html.escape(c.dtype)} "
                 f"({c.threads} thread(s)): matmul peak <b>{_si(c.peak_flops, 'FLOP/s')}</b> "
                 f"({c.matmul_size}×{c.matmul_size} product), memory read <b>{_si(c.bandwidth, 'B/s')}</b> "
-                f"({_si(c.bandwidth_bytes, 'B')} buffer); ridge {c.ridge_intensity:.3g} FLOP/byte; {origin} "
-                f"(measured {html.escape(c.measured_at)} in {c.seconds:.1f} s).</p>")
+                f"({_si(c.bandwidth_bytes, 'B')} buffer); ridge {c.ridge_intensity:.3g} FLOP/byte; {origin}: "
+                f"the best of {c.runs} measurement(s), the last at {html.escape(c.measured_at)}. On a shared "
+                "machine a measurement can only fall short of the ceiling, so measuring again keeps the best.</p>")
     verdict = "".join(f"<li>{html.escape(line)}</li>" for line in report.summary())
     head = ("<tr><th>steps of</th><th>steps</th><th>mean batch</th><th>ms / step</th><th>FLOPs / step</th>"
             "<th>weights read / step</th><th>K/V moved / step</th><th>FLOP / byte</th><th>achieved</th>"

@@ -114,10 +114,20 @@ def test_ceilings_are_measured_once_then_read_from_the_cache(tmp_path):
     assert asdict(replace(second, source="measured")) == asdict(first)
     assert ceilings_key("cpu", "float32") in json.loads(path.read_text())
     device_ceilings("cpu", "bfloat16", cache_path=path, measure=measure)  # another dtype: its own entry
-    device_ceilings("cpu", "float32", cache_path=path, measure=measure, refresh=True)
+    refreshed = device_ceilings("cpu", "float32", cache_path=path, measure=measure, refresh=True)
     assert calls == [("cpu", "float32"), ("cpu", "bfloat16"), ("cpu", "float32")]
+    assert refreshed.runs == 2 and refreshed.source == "measured"
     path.write_text("not json")
     assert device_ceilings("cpu", "float32", cache_path=path, measure=measure).source == "measured"
+
+
+def test_measuring_again_keeps_the_best_of_each_ceiling(tmp_path):
+    path = tmp_path / "ceilings.json"
+    results = iter([replace(FAKE, peak_flops=2e11, bandwidth=1e10), replace(FAKE, peak_flops=1e11, bandwidth=3e10)])
+    device_ceilings("cpu", "float32", cache_path=path, measure=lambda device, dtype: next(results))
+    best = device_ceilings("cpu", "float32", cache_path=path, refresh=True, measure=lambda device, dtype: next(results))
+    assert (best.peak_flops, best.bandwidth, best.runs) == (2e11, 3e10, 2)
+    assert device_ceilings("cpu", "float32", cache_path=path, measure=None).peak_flops == 2e11
 
 
 def test_measured_ceilings_are_plausible_for_a_cpu():
@@ -170,13 +180,12 @@ def test_bench_report_carries_the_roofline(tiny_llama_dir, tmp_path, device_ceil
     assert "roofline" not in json.loads(out.read_text())
 
 
-def test_cli_prints_the_cached_ceilings(device_ceilings_cache, capsys):
-    from engine.roofline import main as roofline_main
 
+def test_bench_prints_the_cached_ceilings(device_ceilings_cache, capsys):
     cached = json.loads(device_ceilings_cache.read_text()) if device_ceilings_cache.exists() else {}
     cached[ceilings_key("cpu", "bfloat16")] = {k: v for k, v in asdict(FAKE).items() if k != "source"} | {
         "dtype": "bfloat16"}
     device_ceilings_cache.write_text(json.dumps(cached))
-    assert roofline_main(["--device", "cpu", "--dtype", "bfloat16"]) == 0
+    assert main(["--ceilings", "--set", "dtype=bfloat16"]) == 0
     printed = capsys.readouterr().out
-    assert "matmul peak 1000.0 GFLOP/s" in printed and "memory read 10.0 GB/s" in printed and "from" in printed
+    assert "matmul peak 1000.0 GFLOP/s" in printed and "memory read 10.0 GB/s" in printed and "read from" in printed
