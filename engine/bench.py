@@ -43,7 +43,7 @@ from engine.config import CHOICES, EngineConfig, load_preset
 from engine.core.metrics import RequestMetrics, describe_device, summarize
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
-from engine.roofline import device_ceilings, engine_roofline
+from engine.roofline import ceilings_cache_path, device_ceilings, engine_roofline
 from engine.sampling_params import SamplingParams
 from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
 
@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         if dtype == "auto":  # what the engine resolves `auto` to for most checkpoints
             dtype = "bfloat16" if device == "cuda" else "float32"
         ceilings = device_ceilings(device, dtype, refresh=args.refresh_ceilings)
-        print(ceilings.describe())
+        print(f"{ceilings.describe()}; cache file: {ceilings_cache_path()}")
         if args.ceilings:
             return 0
     try:

@@ -84,8 +84,8 @@ class DeviceCeilings:
         return (f"{self.device}, {self.dtype}, {self.threads} thread(s): matmul peak {self.peak_flops / 1e9:.1f} "
                 f"GFLOP/s ({self.matmul_size}x{self.matmul_size}), memory read {self.bandwidth / 1e9:.1f} GB/s "
                 f"({self.bandwidth_bytes / 2**20:.0f} MiB), ridge {self.ridge_intensity:.2f} FLOP/byte; "
-                f"{'read from' if self.source == 'cache' else 'measured now, written to'} {ceilings_cache_path()} "
-                f"(best of {self.runs} measurement(s), the last at {self.measured_at}, {self.seconds:.1f} s)")
+                f"{'from the cache' if self.source == 'cache' else 'measured now'}, the best of {self.runs} "
+                f"measurement(s), the last at {self.measured_at} ({self.seconds:.1f} s)")
 
 
 def ceilings_cache_path() -> Path:
