@@ -5,8 +5,8 @@ memory bandwidth, a long prefill by arithmetic. This module makes that visible w
 the machine the engine runs on:
 
 - the device's ceilings (`DeviceCeilings`): the best matrix-multiply FLOP/s in the engine's dtype and the
-  best memory read bandwidth, each measured in about a second and cached per device, dtype and thread
-  count in a JSON file outside the repository (`ceilings_cache_path`), so they are measured once;
+  best memory read bandwidth, measured in a few seconds and cached per device, dtype and thread count in
+  a JSON file outside the repository (`ceilings_cache_path`), so they are measured once;
 - the work of each recorded step (`StepWork`), counted from the model's shapes and the step's batch
   (`StepRecord`: tokens, scored rows, K/V positions attended, causal (query, key) pairs): FLOPs of the
   linear layers, the LM head and attention; bytes of the weights read once per step (their real storage,
