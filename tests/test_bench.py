@@ -93,3 +93,19 @@ def test_parse_value_and_ratios():
     assert ratios({"output_throughput": 10.0}, {"output_throughput": 50.0})["output_throughput"] == 5.0
     assert ratios({"output_throughput": 0.0}, {"output_throughput": 5.0})["output_throughput"] is None
     assert math.isinf(WorkloadSpec().request_rate)
+
+
+def test_goodput_objectives_add_vllms_request_goodput(bench_model_dir, tmp_path, capsys):
+    out = tmp_path / "goodput.json"
+    assert main(["--set", f"model={bench_model_dir}", "--num-prompts", "3", "--input-len", "4", "--output-len", "3",
+                 "--no-warmup", "--goodput", "ttft:100000", "tpot:100000", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["request_goodput"] == pytest.approx(report["request_throughput"])
+    assert report["workload"]["goodput_slos"] == {"ttft": 100000.0, "tpot": 100000.0}
+    assert main(["--set", f"model={bench_model_dir}", "--num-prompts", "3", "--input-len", "4", "--output-len", "3",
+                 "--no-warmup", "--goodput", "e2el:0.001", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["request_goodput"] == 0.0
+    assert "request_goodput" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--goodput", "itl:5"])
+    assert "METRIC:MS" in capsys.readouterr().err
