@@ -25,6 +25,7 @@ from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
 from engine.hub import ModelEntry, list_models
 from engine.measure import bench_report, measure_engine
+from engine.overrides import parse_sets
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
@@ -34,5 +35,5 @@ __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "Engine", 
            "GOODPUT_METRICS", "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult", "RequestError",
            "RequestMetrics", "RequestOutput", "SamplingParams", "StepRecord", "StreamDelta", "WorkloadSpec",
            "bench_report", "build_workload", "check_goodput_slos", "choice_note", "describe_device", "estimate_memory",
-           "list_models", "list_presets", "load_preset", "measure_engine", "preset_description",
+           "list_models", "list_presets", "load_preset", "measure_engine", "parse_sets", "preset_description",
            "tensor_parallel_reason", "unavailable_reason"]

@@ -26,7 +26,6 @@ import gc
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -37,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from engine.config import CHOICES, EngineConfig, load_preset
+from engine.config import EngineConfig, load_preset
 from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_device, summarize
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
 from engine.measure import bench_report, measure_engine, send
+from engine.overrides import parse_sets
 from engine.sampling_params import SamplingParams
 from engine.workloads import WorkloadSpec, build_workload, warmup_workload
 
@@ -63,8 +63,6 @@ TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_token
               "spec_acceptance_rate", "spec_decode_acceptance_length", "cpu_ms_per_output_token", "weights_bytes",
               "kv_cache_bytes", "peak_memory_bytes", "perplexity", "tensor_parallel_size", "executor_seconds",
               "collective_seconds", "collective_share"]
-_SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
-_SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -96,41 +94,6 @@ def resolve_bench_model(model: str) -> str:
 
 
 # ---- configuration -----------------------------------------------------------------------------
-
-def parse_value(text: str):
-    """A `--set` value: None, a bool, an int (sizes like 64MiB allowed), a float, or the string itself."""
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    size = _SIZE.match(text.strip())
-    if size:
-        return int(size.group(1)) * _SIZE_UNITS[size.group(2).lower()]
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_setting(key: str, text: str):
-    """A `--set` value for field `key`: one of the field's choices as written (quantization=none), else parsed."""
-    if text.strip() in CHOICES.get(key, ()):
-        return text.strip()
-    return parse_value(text)
-
-
-def parse_sets(items: list[str]) -> dict:
-    values = {}
-    for item in items:
-        if "=" not in item:
-            raise EngineError(f"--set expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        values[key.strip()] = parse_setting(key.strip(), value)
-    return values
-
 
 def build_config(preset: str | None, sets: dict, model: str | None = None) -> EngineConfig:
     """Defaults, then the preset, then --model, then the --set overrides; validated."""
@@ -357,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", default="random", help="random | chat | path to a .jsonl of prompts")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128, help="unique tokens per random prompt")
+    parser.add_argument("--input-len-range", type=parse_range, metavar="LO:HI",
+                        help="draw each random prompt's own tokens uniformly from LO..HI (mixed lengths)")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--output-len-range", type=parse_range, metavar="LO:HI",
                         help="draw each request's output length uniformly from LO..HI (mixed lengths)")
@@ -412,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = WorkloadSpec(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                         output_len=args.output_len, output_len_range=args.output_len_range,
-                        prefix_len=args.prefix_len, request_rate=args.request_rate, seed=args.seed)
+                        input_len_range=args.input_len_range, prefix_len=args.prefix_len,
+                        request_rate=args.request_rate, seed=args.seed)
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
     concurrency = args.concurrency or args.num_prompts
     goodput_slos = dict(args.goodput or [])
