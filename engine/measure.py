@@ -172,8 +172,10 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
         "process_cpu_seconds": cpu_seconds,
         "cpu_ms_per_output_token": 1000.0 * cpu_seconds / result["total_output_tokens"]
         if result["total_output_tokens"] else 0.0,
-        "peak_running": stats.get("peak_running"),
-        "num_preemptions": stats.get("num_preemptions"),
+        # the measured run's own: an engine that served other work before (the playground's pool) has larger totals
+        "peak_running": max((step.num_running for step in engine.step_history(since=started)),
+                            default=stats.get("peak_running")),
+        "num_preemptions": (stats.get("num_preemptions") or 0) - (before.get("num_preemptions") or 0),
         "weights_bytes": stats.get("weights_bytes"),
         "kv_cache_bytes": stats.get("kv_cache_bytes"),
         "peak_memory_bytes": stats.get("peak_memory_bytes"),

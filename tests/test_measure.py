@@ -82,3 +82,13 @@ def test_the_report_holds_the_workload_and_writes_an_infinite_rate_as_text():
     assert report["completed"] == 3 and report["preset"] == "static" and report["workload"]["request_rate"] == "inf"
     assert report["workload"]["concurrency"] == 2 and report["workload"]["goodput_slos"] == {"ttft": 200.0}
     assert {"device_name", "torch_threads", "source_revision"} <= set(report)
+
+
+def test_peak_running_and_preemptions_cover_the_measured_run_only(engine):
+    """An engine that served a wider batch earlier (the playground's pool) reports this run's own peak."""
+    wide = measure_engine(engine, WorkloadSpec(num_prompts=4), 4, 0.0, True, warmup=False,
+                          requests=long_requests(4, max_tokens=6))
+    narrow = measure_engine(engine, WorkloadSpec(num_prompts=3), 1, 0.0, True, warmup=False,
+                            requests=long_requests(3, max_tokens=6))
+    assert wide["peak_running"] == 2 and narrow["peak_running"] == 1
+    assert engine.stats()["peak_running"] == 2 and narrow["num_preemptions"] == 0
