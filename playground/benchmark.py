@@ -197,13 +197,8 @@ class BenchmarkHandlers:
                                spec=request.spec, concurrency=request.concurrency, warmup=True,
                                goodput_slos=request.goodput_slos)
 
-        job = state.job = MeasurementJob(work)
-        try:
-            while not job.wait(POLL_S):
-                yield job
-            yield job
-        finally:
-            job.stop()
+        state.job = MeasurementJob(work)
+        yield from state.job.follow(POLL_S)
 
     def record(self, request: BenchmarkRequest, job: MeasurementJob, session: Session) -> BenchmarkRecord:
         """The finished run as a report with `engine.bench --json`'s keys, kept in the session's history."""

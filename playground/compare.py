@@ -245,13 +245,8 @@ class CompareHandlers:
         state = session.compare
         if state.job is not None and not state.job.done.is_set():
             raise Refused("a comparison is already running in this tab: wait for it or press Stop")
-        job = state.job = MeasurementJob(self._work(request))
-        try:
-            while not job.wait(POLL_S):
-                yield job
-            yield job
-        finally:
-            job.stop()
+        state.job = MeasurementJob(self._work(request))
+        yield from state.job.follow(POLL_S)
 
     def outcome(self, request: CompareRequest, job: MeasurementJob) -> dict:
         """The finished comparison as plain data (what `/compare` returns and the tab renders)."""

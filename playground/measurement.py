@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from engine import BenchRequest, RequestOutput, StepRecord, WorkloadSpec, measure_engine
@@ -92,6 +92,16 @@ class MeasurementJob:
 
     def wait(self, timeout: float | None) -> bool:
         return self.done.wait(timeout)
+
+    def follow(self, poll_s: float) -> Iterator[MeasurementJob]:
+        """Yield this job every `poll_s` while it runs and once when it has ended; closing the generator early
+        (the page went away) stops the job."""
+        try:
+            while not self.wait(poll_s):
+                yield self
+            yield self
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         """Cancel (unless it already finished) and wait until every request the job sent has finished."""

@@ -12,14 +12,8 @@ import json
 
 import pytest
 
-from tests.test_browser import CHROMIUM, browser, open_page, shots  # noqa: F401 (fixtures)
+from tests.test_browser import browser, open_page, pytestmark, shots  # noqa: F401 (fixtures and marks)
 from tests.ui_helpers import pick_model, start_app
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the system Chromium at /usr/bin/chromium"),
-]
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +43,15 @@ def fill_text(page, textbox: str, text: str) -> None:
     box = page.locator(f"{textbox} textarea, {textbox} input").first
     box.fill(text)
     box.press("Tab")
+
+
+def tall_screenshot(page, path, height: int) -> None:
+    """The page from its top in a window `height` pixels tall (a tab's whole run), then the usual window again."""
+    page.set_viewport_size({"width": 1440, "height": height})
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(path))
+    page.set_viewport_size({"width": 1440, "height": 1000})
 
 
 def lines_drawn(page, chart: str) -> list[str]:
@@ -83,11 +86,7 @@ def test_compare_shows_both_outputs_their_differences_the_ratio_table_and_overla
     assert page.locator("#cmp-outputs .cmp-output[data-side=baseline] .tok-diff").count() == 0
     for chart in ("#cmp-chart-run_throughput", "#cmp-chart-run_batch", "#cmp-chart-run_kv"):
         assert lines_drawn(page, chart) == ["A", "B", "baseline"]
-    page.set_viewport_size({"width": 1440, "height": 2000})
-    page.evaluate("window.scrollTo(0, 0)")
-    page.wait_for_timeout(300)
-    page.screenshot(path=str(shots / "compare.png"))
-    page.set_viewport_size({"width": 1440, "height": 1000})
+    tall_screenshot(page, shots / "compare.png", 2000)
 
 
 def test_chat_with_both_streams_a_reply_in_each_column(page):
@@ -147,11 +146,7 @@ def test_benchmark_runs_with_progress_cancels_exports_and_overlays(served, page,
     assert lines_drawn(page, "#bench-chart-run_kv") == ["run 1", "run 2"]
     history = page.inner_text("#bench-history")
     assert "run 1" in history and "run 2" in history and "×" in history
-    page.set_viewport_size({"width": 1440, "height": 1750})
-    page.evaluate("window.scrollTo(0, 0)")
-    page.wait_for_timeout(300)
-    page.screenshot(path=str(shots / "benchmark.png"))
-    page.set_viewport_size({"width": 1440, "height": 1000})
+    tall_screenshot(page, shots / "benchmark.png", 1750)
 
 
 def test_glossary_and_tooltips_explain_every_toggle_and_figure(page):

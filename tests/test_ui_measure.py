@@ -8,7 +8,6 @@ import csv
 import json
 import math
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +16,7 @@ from engine.bench import main as bench_main
 from playground.compare import FIGURE_KEYS
 from playground.settings import Settings
 from tests.engine_waits import wait_until_idle
-from tests.ui_helpers import pick_model, start_app
+from tests.ui_helpers import api_client, serving
 
 pytestmark = pytest.mark.slow
 PROMPTS = "What does the json module do?\nHow do I read a file line by line?"
@@ -25,18 +24,13 @@ PROMPTS = "What does the json module do?\nHow do I read a file line by line?"
 
 @pytest.fixture(scope="module")
 def running_app(tmp_path_factory):
-    model = pick_model(tmp_path_factory)
-    settings = Settings(max_new_tokens=256, max_prompt_tokens=400, max_queue=8, max_message_chars=2000)
-    app, demo, url = start_app(model, settings)
-    yield SimpleNamespace(app=app, url=url, model=model)
-    demo.close()
-    app.pool.close()
+    with serving(tmp_path_factory, Settings(max_new_tokens=256, max_prompt_tokens=400, max_queue=8,
+                                            max_message_chars=2000)) as running:
+        yield running
 
 
 def client(running_app):
-    from gradio_client import Client
-
-    return Client(running_app.url, verbose=False)
+    return api_client(running_app.url)
 
 
 def compare(api, a_source="engine panel", a_changes="", b_source="engine panel", b_changes="", prompts=PROMPTS,
