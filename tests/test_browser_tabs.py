@@ -123,10 +123,14 @@ def test_benchmark_runs_with_progress_cancels_exports_and_overlays(served, page,
 
     page.fill("#bench-requests input", "24")
     fill_text(page, "#bench-output", "16:64")
-    page.fill("#bench-prefix input", "32")
-    page.fill("#bench-slo-ttft input", "500")
     page.locator("#bench-run").click()
     page.wait_for_function("document.querySelector('#bench-status').innerText.includes('run 2 done')",
+                           timeout=180_000)
+    page.fill("#bench-prefix input", "32")
+    page.fill("#bench-slo-ttft input", "500")
+    page.fill("#bench-seed input", "1")
+    page.locator("#bench-run").click()
+    page.wait_for_function("document.querySelector('#bench-status').innerText.includes('run 3 done')",
                            timeout=180_000)
     table = page.inner_text("#bench-table")
     for text in ("TTFT", "TPOT", "ITL", "E2EL", "p99", "goodput", "TTFT ≤ 500 ms", "request throughput",
@@ -138,14 +142,14 @@ def test_benchmark_runs_with_progress_cancels_exports_and_overlays(served, page,
     assert report["completed"] == 24 and report["workload"]["prefix_len"] == 32 and "p99_itl_ms" in report
     with page.expect_download() as download:
         page.locator("#bench-csv").click()
-    assert open(download.value.path(), encoding="utf-8").read().count("\n") == 3, "a header and two runs"
+    assert open(download.value.path(), encoding="utf-8").read().count("\n") == 4, "a header and three runs"
 
-    page.locator("#bench-overlay label", has_text="run 1").click()
+    page.locator("#bench-overlay label", has_text="run 2").click()
     page.wait_for_function("document.querySelectorAll('#bench-chart-run_batch polyline').length == 2",
                            timeout=10_000)
-    assert lines_drawn(page, "#bench-chart-run_kv") == ["run 1", "run 2"]
+    assert lines_drawn(page, "#bench-chart-run_kv") == ["run 2", "run 3"]
     history = page.inner_text("#bench-history")
-    assert "run 1" in history and "run 2" in history and "×" in history
+    assert "run 2" in history and "run 3" in history and "×" in history
     tall_screenshot(page, shots / "benchmark.png", 1750)
 
 
