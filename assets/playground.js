@@ -3,9 +3,18 @@
   // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip; the
   //    others carry the engine's note on them (what they do, whether they are slow here) as theirs.
   // 2. On a narrow screen the engine panel and the sampling controls start collapsed (CSS puts the chat first).
-  // 3. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
+  // 3. Every control named in the glossary gets its plain-words entry as a tooltip (playground/glossary.py).
+  // 4. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
   //    on screen, sent to the server to sit beside the engine's own TTFT.
   const CHOICES = __CHOICES__;
+  const TOOLTIPS = __TOOLTIPS__;
+
+  const addTooltips = () => {
+    for (const [id, text] of Object.entries(TOOLTIPS)) {
+      const element = document.getElementById(id);
+      if (element && !element.title) element.title = text;
+    }
+  };
 
   const markChoices = () => {
     for (const [field, { unavailable, notes }] of Object.entries(CHOICES)) {
@@ -64,6 +73,7 @@
 
   new MutationObserver(() => {
     markChoices();
+    addTooltips();
     if (armedAt === null) return;
     const bots = botMessages();
     if (bots.length <= botsWhenArmed) return;
@@ -74,5 +84,6 @@
   }).observe(document.body, { subtree: true, childList: true, characterData: true });
 
   markChoices();
+  addTooltips();
   collapseOnNarrowScreens(25);
 }

@@ -4,7 +4,8 @@ The workload (engine/workloads.py) is fixed by its seed, so `--compare` runs a s
 on exactly the same requests, in the same process, and prints compare/base ratios. Requests are
 sent from a pool of `--concurrency` threads through the public API (`Engine.submit`), at Poisson
 arrival times when `--request-rate` is finite. The duration runs from the first submission to the
-last completion, after a short untimed warm-up.
+last completion, after a short untimed warm-up. The measuring itself is `engine/measure.py`, which
+the playground's Benchmark and Compare tabs share; `--goodput` adds vLLM's `request_goodput`.
 
     python -m engine.bench --set model=random-llama-20m --num-prompts 64 --input-len 128 \
         --output-len 128 --compare baseline-hf
@@ -25,27 +26,25 @@ import gc
 import json
 import math
 import os
-import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from engine.config import CHOICES, EngineConfig, load_preset
-from engine.core.metrics import RequestMetrics, describe_device, summarize
+from engine.config import EngineConfig, load_preset
+from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_device, summarize
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
-from engine.roofline import ceilings_cache_path, device_ceilings, engine_roofline
+from engine.measure import bench_report, measure_engine, send
+from engine.overrides import parse_sets
+from engine.roofline import ceilings_cache_path, device_ceilings
 from engine.sampling_params import SamplingParams
-from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
+from engine.workloads import WorkloadSpec, build_workload, warmup_workload
 
 RANDOM_MODELS = {
     # name: LlamaConfig fields. ~20M parameters: 8.4M in the (untied) embeddings, 2.9M per layer.
@@ -54,19 +53,17 @@ RANDOM_MODELS = {
                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
 }
 RANDOM_MODEL_SEED = 0
-RATIO_KEYS = ["output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
-              "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms", "peak_running",
-              "prefix_cache_hit_rate", "weights_bytes", "perplexity", "cpu_ms_per_output_token"]
+RATIO_KEYS = ["output_throughput", "request_throughput", "request_goodput", "total_token_throughput", "mean_ttft_ms",
+              "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms",
+              "peak_running", "prefix_cache_hit_rate", "weights_bytes", "perplexity", "cpu_ms_per_output_token"]
 TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "request_goodput",
               "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
               "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
               "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
               "spec_acceptance_rate", "spec_decode_acceptance_length", "cpu_ms_per_output_token", "weights_bytes",
               "kv_cache_bytes", "peak_memory_bytes", "perplexity", "tensor_parallel_size", "executor_seconds",
               "collective_seconds", "collective_share"]
-SPEC_COUNTERS = ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")
-_SIZE = re.compile(r"^(\d+)\s*(KiB|MiB|GiB|KB|MB|GB)$", re.IGNORECASE)
-_SIZE_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -99,41 +96,6 @@ def resolve_bench_model(model: str) -> str:
 
 # ---- configuration -----------------------------------------------------------------------------
 
-def parse_value(text: str):
-    """A `--set` value: None, a bool, an int (sizes like 64MiB allowed), a float, or the string itself."""
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    size = _SIZE.match(text.strip())
-    if size:
-        return int(size.group(1)) * _SIZE_UNITS[size.group(2).lower()]
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_setting(key: str, text: str):
-    """A `--set` value for field `key`: one of the field's choices as written (quantization=none), else parsed."""
-    if text.strip() in CHOICES.get(key, ()):
-        return text.strip()
-    return parse_value(text)
-
-
-def parse_sets(items: list[str]) -> dict:
-    values = {}
-    for item in items:
-        if "=" not in item:
-            raise EngineError(f"--set expects key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        values[key.strip()] = parse_setting(key.strip(), value)
-    return values
-
-
 def build_config(preset: str | None, sets: dict, model: str | None = None) -> EngineConfig:
     """Defaults, then the preset, then --model, then the --set overrides; validated."""
     values = dict(load_preset(preset)) if preset else {}
@@ -147,164 +109,23 @@ def build_config(preset: str | None, sets: dict, model: str | None = None) -> En
 
 # ---- running -----------------------------------------------------------------------------------
 
-def _sampling(request: BenchRequest, temperature: float, ignore_eos: bool, seed: int) -> SamplingParams:
-    return SamplingParams(max_tokens=request.max_tokens, temperature=temperature, ignore_eos=ignore_eos,
-                          seed=seed if temperature > 0 else None)
-
-
-def send(engine, requests: list[BenchRequest], concurrency: int, temperature: float, ignore_eos: bool,
-         seed: int) -> tuple[list, float]:
-    """Submit every request (at most `concurrency` in flight, each not before its arrival offset).
-
-    Returns the outputs in request order and the duration from the first submission to the last completion.
-    """
-    outputs: list = [None] * len(requests)
-    submitted: list[float] = []
-    completed: list[float] = []
-    lock = threading.Lock()
-    start = time.perf_counter()
-
-    def run(index: int) -> None:
-        request = requests[index]
-        delay = start + request.arrival - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        params = _sampling(request, temperature, ignore_eos, seed + index)
-        sent = time.perf_counter()
-        output = engine.submit(request.prompt, params).result()
-        done = time.perf_counter()
-        with lock:
-            submitted.append(sent)
-            completed.append(done)
-        outputs[index] = output
-
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
-        for future in [pool.submit(run, i) for i in range(len(requests))]:
-            future.result()
-    return outputs, (max(completed) - min(submitted)) if requests else 0.0
-
-
 def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
                ignore_eos: bool, warmup: bool = True, perplexity: bool = False, profile: bool = False,
-               roofline: bool = True) -> dict:
-    """Load the engine, warm it up, run the workload, and return metrics, engine figures and the config
-    (and, with `perplexity`, the held-out perplexity of the configuration, measured after the workload).
-
-    With `profile`, the run's decode steps are set against their matmul floor (`Engine.decode_profile`),
-    measured after the run in this process. With `roofline`, the run's prefill and decode steps are placed
-    against the device's measured ceilings (`engine.roofline`; ceilings measured once per device, then cached).
-    """
+               goodput_slos: dict[str, float] | None = None, roofline: bool = True) -> dict:
+    """Load the engine, measure the workload on it (`engine.measure.measure_engine`), and close it. With
+    `roofline`, the run's prefill and decode steps are placed against the device's measured ceilings."""
     from engine import Engine
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     engine = Engine(config)
     try:
-        vocab = engine.info["vocab_size"]
-        if warmup:
-            send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed)
-        before = engine.stats()
-        requests = build_workload(spec, vocab)
-        started, cpu_started = time.perf_counter(), time.process_time()
-        outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed)
-        cpu_seconds = time.process_time() - cpu_started
-        decode_profile = engine.decode_profile(since=started) if profile else None
-        roofline_figures = roofline_report(engine, started) if roofline else {}
-        quality = engine.perplexity() if perplexity else None
-        stats = engine.stats()
-        info = dict(engine.info)
-        resolved = engine.config.to_dict()
+        return measure_engine(engine, spec, concurrency, temperature, ignore_eos, warmup, perplexity, profile,
+                              goodput_slos=goodput_slos, roofline=roofline)
     finally:
         engine.close()
         del engine
         gc.collect()
-    errors = [o.error for o in outputs if o.finish_reason == "error"]
-    metrics = [o.metrics for o in outputs]
-    result = summarize(metrics, duration)
-    prompt_tokens = sum(m.prompt_tokens for m in metrics)
-    result.update({
-        "decode_profile": asdict(decode_profile) if decode_profile else None,
-        "decode_profile_text": decode_profile.format() if decode_profile else None,
-        "num_prompts": len(requests),
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
-        **speculative_figures(before, stats, resolved["speculative"] != "off"),
-        # CPU time of the whole process over the measured run: on a shared machine it moves far less than wall
-        # time with other people's load (it still includes their effect on caches).
-        "process_cpu_seconds": cpu_seconds,
-        "cpu_ms_per_output_token": 1000.0 * cpu_seconds / result["total_output_tokens"]
-        if result["total_output_tokens"] else 0.0,
-        "peak_running": stats.get("peak_running"),
-        "num_preemptions": stats.get("num_preemptions"),
-        "weights_bytes": stats.get("weights_bytes"),
-        "kv_cache_bytes": stats.get("kv_cache_bytes"),
-        "peak_memory_bytes": stats.get("peak_memory_bytes"),
-        **{key: stats.get(key) for key in ("tensor_parallel_size", "rank_weights_bytes", "rank_kv_cache_bytes")},
-        **_step_time_split(before, stats),
-        "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
-        "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
-        "draft_model": info.get("draft_model"),
-        "config": resolved,
-        "quantization": info["quantization"], "num_kv_heads": info["num_kv_heads"],
-        "kv_bytes_per_token": info["kv_bytes_per_token"],
-        **roofline_figures,
-    })
-    if quality is not None:
-        result.update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
-                       "perplexity_seconds": quality.seconds, "perplexity_text": quality.source})
-    return result
-
-
-def roofline_report(engine, since: float) -> dict:
-    """The run's steps on the roofline (`roofline`: the full report; flat keys for each phase's intensity,
-    bound and fraction of its ceiling), or the reason they cannot be placed."""
-    try:
-        report = engine_roofline(engine, since)
-    except ValueError as error:
-        return {"roofline": None, "roofline_text": f"roofline: not available ({error})"}
-    figures = {"roofline": report.to_dict(), "roofline_text": report.format(),
-               "device_peak_flops": report.ceilings.peak_flops, "device_bandwidth": report.ceilings.bandwidth}
-    for phase in (report.prefill, report.decode):
-        if phase:
-            figures.update({f"roofline_{phase.phase}_intensity": phase.intensity,
-                            f"roofline_{phase.phase}_bound": phase.bound,
-                            f"roofline_{phase.phase}_fraction": phase.fraction_of_ceiling})
-    return figures
-
-
-def _step_time_split(before: dict, after: dict) -> dict:
-    """Seconds of model steps during the measured run, and the share rank 0 spent in collectives."""
-    executor = after.get("executor_seconds", 0.0) - before.get("executor_seconds", 0.0)
-    collective = after.get("collective_seconds", 0.0) - before.get("collective_seconds", 0.0)
-    return {"executor_seconds": executor, "collective_seconds": collective,
-            "collective_share": collective / executor if executor else 0.0}
-
-
-def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
-    """Acceptance over the measured requests only (the warm-up's verifications subtracted).
-
-    `spec_acceptance_rate` is accepted / proposed (DESIGN.md); with speculation on, vLLM's bench names
-    follow: its acceptance rate in percent, the acceptance length (1 + accepted per verification step,
-    the bonus token counted), the counters, and for each proposal position the share of verification
-    steps that accepted it. `spec_mean_accepted_tokens` is the acceptance length without the bonus token.
-    """
-    drafts, proposed, accepted = (after.get(key, 0) - before.get(key, 0) for key in SPEC_COUNTERS)
-    figures = {"spec_acceptance_rate": accepted / proposed if proposed else 0.0}
-    if not speculative:
-        return figures
-    per_position = [a - b for a, b in zip(after.get("spec_accepted_per_position", []),
-                                          before.get("spec_accepted_per_position", []), strict=True)]
-    figures.update({
-        "spec_decode_acceptance_rate": 100.0 * figures["spec_acceptance_rate"],
-        "spec_decode_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
-        "spec_decode_num_drafts": drafts,
-        "spec_decode_draft_tokens": proposed,
-        "spec_decode_accepted_tokens": accepted,
-        "spec_decode_per_position_acceptance_rates": [count / drafts if drafts else 0.0 for count in per_position],
-        "spec_mean_accepted_tokens": accepted / drafts if drafts else 0.0,
-    })
-    return figures
 
 
 # ---- an OpenAI-compatible server instead of an in-process engine -------------------------------
@@ -385,7 +206,7 @@ class _EndpointResult:
 
 
 def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int, temperature: float,
-                 ignore_eos: bool, warmup: bool = True) -> dict:
+                 ignore_eos: bool, warmup: bool = True, goodput_slos: dict[str, float] | None = None) -> dict:
     """The workload against an OpenAI-compatible server; engine-side figures are whatever the server reports."""
     endpoint = EndpointEngine(base_url, model)
     endpoint.submit("Hello", SamplingParams(max_tokens=1))  # loads the served engine, so it can describe itself
@@ -400,7 +221,7 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
     outputs, duration = send(endpoint, requests, concurrency, temperature, ignore_eos, spec.seed)
     errors = [o.error for o in outputs if o.finish_reason == "error"]
     metrics = [o.metrics for o in outputs]
-    result = summarize(metrics, duration)
+    result = summarize(metrics, duration, goodput_slos)
     prompt_tokens = sum(m.prompt_tokens for m in metrics)
     result.update({
         "num_prompts": len(requests), "errors": len(errors), "first_error": errors[0] if errors else None,
@@ -465,19 +286,6 @@ def _describe(result: dict) -> str:
             f"{speculative}")
 
 
-def source_revision() -> str | None:
-    """The git commit the engine code comes from ("+dirty" when engine/ has local changes), if known."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "engine"], cwd=root,
-                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if dirty else "")
-
-
 # ---- CLI ---------------------------------------------------------------------------------------
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -485,6 +293,20 @@ def parse_range(text: str) -> tuple[int, int]:
     if not sep or not low.strip().isdigit() or not high.strip().isdigit() or not 1 <= int(low) <= int(high):
         raise argparse.ArgumentTypeError(f"expected LO:HI with 1 <= LO <= HI, got {text!r}")
     return int(low), int(high)
+
+
+def parse_goodput_item(text: str) -> tuple[str, float]:
+    """One --goodput objective, METRIC:MS (vLLM's form)."""
+    name, sep, value = text.partition(":")
+    try:
+        objective = {name.strip(): float(value)} if sep else {}
+        check_goodput_slos(objective)
+    except (ValueError, EngineError):
+        raise argparse.ArgumentTypeError(f"expected METRIC:MS with METRIC one of ttft, tpot, e2el and MS > 0, "
+                                         f"got {text!r}") from None
+    if not objective:
+        raise argparse.ArgumentTypeError(f"expected METRIC:MS, got {text!r}")
+    return next(iter(objective.items()))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -500,12 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", default="random", help="random | chat | path to a .jsonl of prompts")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128, help="unique tokens per random prompt")
+    parser.add_argument("--input-len-range", type=parse_range, metavar="LO:HI",
+                        help="draw each random prompt's own tokens uniformly from LO..HI (mixed lengths)")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--output-len-range", type=parse_range, metavar="LO:HI",
                         help="draw each request's output length uniformly from LO..HI (mixed lengths)")
     parser.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens before each random prompt")
     parser.add_argument("--concurrency", type=int, default=None, help="max requests in flight (default: all)")
     parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second")
+    parser.add_argument("--goodput", nargs="+", type=parse_goodput_item, metavar="METRIC:MS",
+                        help="service-level objectives (ttft, tpot, e2el in ms), e.g. --goodput ttft:200 tpot:50: "
+                             "adds request_goodput, the completed requests per second that met all of them (vLLM)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                         help="generate exactly the output length (default: on for random prompts)")
@@ -531,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="only print this device's roofline ceilings in --set dtype (default float32) and exit: "
                              "measured once, then read from the cache file")
     parser.add_argument("--refresh-ceilings", action="store_true",
-                        help="measure the ceilings again (overwriting the cached entry) before using them")
+                        help="measure the ceilings again (keeping the best of each) before using them")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
                         help="only build random-llama-20m into FOLDER and exit")
     return parser
@@ -571,9 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = WorkloadSpec(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                         output_len=args.output_len, output_len_range=args.output_len_range,
-                        prefix_len=args.prefix_len, request_rate=args.request_rate, seed=args.seed)
+                        input_len_range=args.input_len_range, prefix_len=args.prefix_len,
+                        request_rate=args.request_rate, seed=args.seed)
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
     concurrency = args.concurrency or args.num_prompts
+    goodput_slos = dict(args.goodput or [])
     print(f"{describe_device()}; torch threads: {torch.get_num_threads()}")
     print(f"workload: {json.dumps(asdict(spec), default=str)} "
           f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")
@@ -587,10 +416,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if args.endpoint:
                     this_round[name] = run_endpoint(args.endpoint, config, spec, concurrency, args.temperature,
-                                                    ignore_eos, not args.no_warmup)
+                                                    ignore_eos, not args.no_warmup, goodput_slos)
                 else:
                     this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
-                                                  not args.no_warmup, args.perplexity, args.profile,
+                                                  not args.no_warmup, args.perplexity, args.profile, goodput_slos,
                                                   not args.no_roofline)
                 if round_index == 0:
                     print(f"{name}: {_describe(this_round[name])}")
@@ -611,11 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, result in results.items():
         if result["errors"]:
             print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)
-    report = dict(base)
-    workload = {**asdict(spec), "concurrency": concurrency, "temperature": args.temperature, "ignore_eos": ignore_eos}
-    workload["request_rate"] = str(spec.request_rate) if math.isinf(spec.request_rate) else spec.request_rate
-    report.update({"preset": args.preset, "workload": workload, "device_name": describe_device(),
-                   "torch_threads": torch.get_num_threads(), "source_revision": source_revision()})
+    report = bench_report(base, spec, concurrency, args.temperature, ignore_eos, args.preset, goodput_slos)
     if compare:
         report["compare_preset"] = args.compare
         report["compare"] = compare

@@ -24,12 +24,14 @@ from pathlib import Path
 
 import torch
 
-from engine.bench import parse_sets, parse_value, resolve_bench_model, send, source_revision
+from engine.bench import resolve_bench_model
 from engine.config import EngineConfig, resolve_device, unavailable_reason
 from engine.core.metrics import describe_device, summarize
 from engine.errors import EngineError
 from engine.hub import load_hf_config, resolve_model_path
+from engine.measure import send, source_revision
 from engine.model.spec import ModelSpec
+from engine.overrides import parse_sets, parse_value
 from engine.quant.gqa import kv_head_options
 from engine.quant.levels import LEVELS
 from engine.workloads import WorkloadSpec, build_workload, warmup_workload

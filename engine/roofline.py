@@ -407,3 +407,21 @@ def engine_roofline(engine, since: float = 0.0, refresh: bool = False,
     return analyze(engine.step_history(since), model_work(info, stats), ceilings, notes)
 
 
+
+
+def roofline_figures(engine, since: float) -> dict:
+    """A measured run's steps on the roofline as report keys (`python -m engine.bench`): `roofline` (the full
+    report), `roofline_text`, the ceilings, and each phase's intensity, bound and fraction of its ceiling; or
+    the reason they cannot be placed."""
+    try:
+        report = engine_roofline(engine, since)
+    except ValueError as error:
+        return {"roofline": None, "roofline_text": f"roofline: not available ({error})"}
+    figures = {"roofline": report.to_dict(), "roofline_text": report.format(),
+               "device_peak_flops": report.ceilings.peak_flops, "device_bandwidth": report.ceilings.bandwidth}
+    for phase in (report.prefill, report.decode):
+        if phase:
+            figures.update({f"roofline_{phase.phase}_intensity": phase.intensity,
+                            f"roofline_{phase.phase}_bound": phase.bound,
+                            f"roofline_{phase.phase}_fraction": phase.fraction_of_ceiling})
+    return figures

@@ -29,6 +29,7 @@ class WorkloadSpec:
     input_len: int = 128
     output_len: int = 128
     output_len_range: tuple[int, int] | None = None
+    input_len_range: tuple[int, int] | None = None
     prefix_len: int = 0
     request_rate: float = math.inf
     seed: int = 0
@@ -44,10 +45,13 @@ class BenchRequest:
 
 
 def random_token_prompts(rng: random.Random, vocab_size: int, num_prompts: int, input_len: int,
-                         prefix_len: int) -> list[list[int]]:
-    """`prefix_len` shared ids followed by `input_len` ids unique to each prompt."""
+                         prefix_len: int, input_len_range: tuple[int, int] | None = None) -> list[list[int]]:
+    """`prefix_len` shared ids followed by ids unique to each prompt: `input_len` of them, or a number drawn
+    uniformly from `input_len_range` for each prompt."""
     prefix = [rng.randrange(vocab_size) for _ in range(prefix_len)]
-    return [prefix + [rng.randrange(vocab_size) for _ in range(input_len)] for _ in range(num_prompts)]
+    lengths = [rng.randint(*input_len_range) for _ in range(num_prompts)] if input_len_range else \
+        [input_len] * num_prompts
+    return [prefix + [rng.randrange(vocab_size) for _ in range(length)] for length in lengths]
 
 
 def read_jsonl_prompts(path: Path) -> list[str | list[dict]]:
@@ -90,7 +94,8 @@ def build_workload(spec: WorkloadSpec, vocab_size: int) -> list[BenchRequest]:
     """The requests of a workload, deterministic in `spec.seed`."""
     rng = random.Random(spec.seed)
     if spec.dataset == "random":
-        prompts = random_token_prompts(rng, vocab_size, spec.num_prompts, spec.input_len, spec.prefix_len)
+        prompts = random_token_prompts(rng, vocab_size, spec.num_prompts, spec.input_len, spec.prefix_len,
+                                       spec.input_len_range)
     else:
         path = CHAT_PROMPTS_FILE if spec.dataset == "chat" else Path(spec.dataset)
         pool = read_jsonl_prompts(path)
@@ -109,5 +114,6 @@ def warmup_workload(spec: WorkloadSpec, vocab_size: int, count: int = 2, max_tok
     rng = random.Random(spec.seed + 1_000_003)
     if spec.dataset != "random":
         return [BenchRequest(r.prompt, max_tokens, 0.0) for r in build_workload(spec, vocab_size)[:count]]
-    prompts = random_token_prompts(rng, vocab_size, count, spec.input_len + spec.prefix_len, 0)
+    input_len = spec.input_len_range[1] if spec.input_len_range else spec.input_len
+    prompts = random_token_prompts(rng, vocab_size, count, input_len + spec.prefix_len, 0)
     return [BenchRequest(p, max_tokens, 0.0) for p in prompts]

@@ -120,7 +120,7 @@ class ChatHandlers:
             with self.app.pool.lease(session.config) as entry:
                 engine = entry.engine
                 exchange.config = config_tag(session.config, engine.info)
-                fitted = self._fit(engine, conversation, index, params.max_tokens)
+                fitted = self.fit(engine, conversation, index, params.max_tokens)
                 exchange.dropped_turns = fitted.dropped_turns
                 stream = engine.stream(fitted.token_ids, params)
                 started = True
@@ -161,7 +161,9 @@ class ChatHandlers:
                     exchange.figures = {**exchange.figures, **reply_figures(None, speculative)}
                 session.turns.append(exchange)
 
-    def _fit(self, engine, conversation: Conversation, index: int, max_tokens: int):
+    def fit(self, engine, conversation: Conversation, index: int, max_tokens: int):
+        """Exchange `index`'s prompt (with as much history as fits) as token ids for `engine`; Refused if it
+        cannot fit. Compare's "chat with both" fits each side's conversation the same way."""
         tokenizer = engine.tokenizer
         if tokenizer is None:
             raise Refused("this model has no tokenizer, so it cannot chat (its engine still serves token-id "

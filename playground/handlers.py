@@ -19,8 +19,10 @@ import psutil
 
 from engine import EngineConfig, EngineError, preset_description
 from playground import charts
+from playground.benchmark import BenchmarkHandlers
 from playground.chat import CHART_NAMES, ChatHandlers, ttft_chart
 from playground.choices import help_line
+from playground.compare import CompareHandlers
 from playground.errors import Refused, describe_error
 from playground.feature_figures import features_html, unquantized_weights_bytes
 from playground.figures import config_summary, format_bytes, header_html
@@ -77,6 +79,8 @@ class Playground:
         self.presets = presets
         self.max_kv_cache_bytes = max_kv_cache_bytes
         self.chat = ChatHandlers(self)
+        self.compare = CompareHandlers(self)
+        self.benchmark = BenchmarkHandlers(self)
 
     # ----- configuration -------------------------------------------------------------------
 

@@ -10,18 +10,26 @@ screen the chat comes first and the engine panel starts collapsed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gradio as gr
 
 from engine import CHOICES, unavailable_reason
 from playground import charts
+from playground.benchmark_tab import TOOLTIPS as BENCHMARK_TOOLTIPS
+from playground.benchmark_tab import build_benchmark_tab, wire_benchmark_tab
 from playground.chat import CHAT_OUTPUTS, LATENCY_OUTPUTS
 from playground.choices import DROPDOWN_CHOICES, RADIO_FIELDS, help_line, page_script_data, usable_choices
+from playground.compare_tab import SIDE_INPUTS, build_compare_tab, wire_compare_tab
+from playground.compare_tab import TOOLTIPS as COMPARE_TOOLTIPS
 from playground.feature_figures import features_html
 from playground.figures import header_html
 from playground.form import FORM_FIELDS, MIB, config_to_form
+from playground.glossary import element_tooltips, glossary_html
 from playground.handlers import APPLY_OUTPUTS, PAGE_OUTPUTS, REFRESH_OUTPUTS, Playground
+from playground.roofline_tab import OUTPUTS as ROOFLINE_OUTPUTS
+from playground.roofline_tab import build_roofline_tab, wire_roofline_tab
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
@@ -59,8 +67,10 @@ def _dropdown(field_name: str, value) -> gr.Dropdown:
 
 
 def page_js() -> str:
-    """The page's script (assets/playground.js) with this host's choices filled in."""
-    return JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data())
+    """The page's script (assets/playground.js) with this host's choices and every control's tooltip filled in."""
+    tooltips = json.dumps(element_tooltips({**COMPARE_TOOLTIPS, **BENCHMARK_TOOLTIPS}))
+    return (JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data())
+            .replace("__TOOLTIPS__", tooltips))
 
 
 def _line_plot(spec: charts.ChartSpec, visible: bool = True) -> gr.LinePlot:
@@ -233,17 +243,29 @@ def build_app(app: Playground) -> gr.Blocks:
                     ui["check"] = gr.HTML(elem_id="check")
                     ui["apply"] = gr.Button("Apply", variant="primary", elem_id="apply")
                     ui["status"] = gr.HTML(elem_id="apply-status")
-            with gr.Column(scale=5, min_width=400, elem_id="chat-col"):
-                ui.update(_chat_column(app))
-            with gr.Column(scale=4, min_width=320, elem_id="charts-col"):
-                ui["ttft_chart"] = gr.HTML(charts.ttft_html([]), elem_id="chart-ttft", elem_classes=["chart-html"])
-                ui["throughput"] = _line_plot(charts.THROUGHPUT)
-                ui["memory_chart"] = gr.HTML(charts.memory_html(None, None, ""), elem_id="chart-memory",
-                                             elem_classes=["chart-html"])
-                ui["kv_blocks"] = _line_plot(charts.KV_BLOCKS)
-                ui["batch"] = _line_plot(charts.BATCH)
-                ui.update(_feature_figures())
-        with gr.Row(visible="hidden"):
+            with gr.Column(scale=9, min_width=400, elem_id="tabs-col"), gr.Tabs(elem_id="tabs"):
+                with gr.Tab("Chat", id="chat", elem_id="tab-chat"), gr.Row(equal_height=False, elem_id="chat-row"):
+                    with gr.Column(scale=5, min_width=400, elem_id="chat-col"):
+                        ui.update(_chat_column(app))
+                    with gr.Column(scale=4, min_width=320, elem_id="charts-col"):
+                        ui["ttft_chart"] = gr.HTML(charts.ttft_html([]), elem_id="chart-ttft",
+                                                   elem_classes=["chart-html"])
+                        ui["throughput"] = _line_plot(charts.THROUGHPUT)
+                        ui["memory_chart"] = gr.HTML(charts.memory_html(None, None, ""), elem_id="chart-memory",
+                                                     elem_classes=["chart-html"])
+                        ui["kv_blocks"] = _line_plot(charts.KV_BLOCKS)
+                        ui["batch"] = _line_plot(charts.BATCH)
+                        ui.update(_feature_figures())
+                with gr.Tab("Compare", id="compare", elem_id="tab-compare") as compare_tab:
+                    compare = build_compare_tab(app, ui)
+                with gr.Tab("Benchmark", id="benchmark", elem_id="tab-benchmark"):
+                    benchmark = build_benchmark_tab(app, ui)
+                with gr.Tab("Roofline", id="roofline", elem_id="tab-roofline") as roofline_tab:
+                    roofline = build_roofline_tab(app, ui)
+                # one tab per job; a further tab slots in here as one more `with gr.Tab(...)`
+                with gr.Tab("Glossary", id="glossary", elem_id="tab-glossary"):
+                    gr.HTML(glossary_html())
+        with gr.Row(visible="hidden", elem_id="latency-row"):
             latency = gr.Textbox(elem_id="visible-latency")
             latency_send = gr.Button(elem_id="visible-latency-send")
         timer = gr.Timer(2.0)
@@ -254,6 +276,14 @@ def build_app(app: Playground) -> gr.Blocks:
             return [ui[name] for name in names]
 
         _api_endpoints(app, ui, form, extras, session)  # first, so that they keep their names
+        wire_compare_tab(compare, ui, form, extras, session)
+        compare_tab.select(compare.describe, [ui[name] for name in SIDE_INPUTS] + form + [extras, session],
+                           [ui["cmp_a_resolved"], ui["cmp_b_resolved"], ui["cmp_baseline_resolved"]], queue=False,
+                           show_progress="hidden", **private)
+        wire_benchmark_tab(benchmark, ui, session)
+        wire_roofline_tab(roofline, ui, session)
+        roofline_tab.select(roofline.show, [ui["rl_window"], ui["rl_probe_started"], session],
+                            [ui[name] for name in ROOFLINE_OUTPUTS], queue=False, show_progress="hidden", **private)
 
         demo.load(app.page_load, [session, ui["stored"]], out(PAGE_OUTPUTS), queue=False, **private)
         for control in form:

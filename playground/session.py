@@ -15,6 +15,7 @@ import gradio as gr
 
 from playground.charts import SessionActivity
 from playground.conversation import Conversation, Exchange
+from playground.run_state import BenchmarkState, CompareState
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Session:
     streaming: bool = False
     stop_requested: bool = False  # Stop was pressed: the streaming reply ends at its next delta
     export_paths: list[str] = field(default_factory=list)
+    compare: CompareState = field(default_factory=CompareState)
+    benchmark: BenchmarkState = field(default_factory=BenchmarkState)
 
 
 def config_key(config: dict) -> str:

@@ -3,7 +3,8 @@
 Why: a public server (a Hugging Face Space, or any bind address other than loopback) is reached by
 many people at once, by odd input and by people probing it. Public mode therefore loads only the
 curated models unless told otherwise, caps every memory-sizing field of a configuration, caps
-messages, tokens and the queue, and never echoes server paths in errors. On a laptop bound to
+messages, tokens, the queue and the size of Benchmark and Compare runs (requests, concurrency,
+tokens in all), and never echoes server paths in errors. On a laptop bound to
 127.0.0.1, any local folder or hub id may be loaded. Remote code is never trusted, whatever the
 settings: the engine only reads config.json, tokenizer files and safetensors weights.
 """
@@ -67,7 +68,10 @@ class Settings:
     curated names and/or hub ids and paths). `curated_only` records that the set was derived from
     presets/models.toml, so the UI can hide the free model field. The `max_*` caps on engine fields
     are None where a field is not capped (the engine's own validation still applies); in public
-    mode each has a default. `warnings` are printed loudly when the server starts.
+    mode each has a default. The `max_bench_*` caps bound one Benchmark or Compare run: its
+    requests, its requests in flight, and prompt + output tokens over all its requests (each request
+    is also held to `max_prompt_tokens` and `max_new_tokens`). `warnings` are printed loudly when the
+    server starts.
     """
 
     allowed_models: frozenset[str] | None = None
@@ -83,6 +87,9 @@ class Settings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
+    max_bench_requests: int = 1024
+    max_bench_concurrency: int = 256
+    max_bench_tokens: int = 4_000_000
     public: bool = False
     on_space: bool = False
     warnings: tuple[str, ...] = ()
@@ -135,6 +142,9 @@ class Settings:
             max_num_seqs=_int_env(env, "PLAYGROUND_MAX_NUM_SEQS", 64 if public else None),
             max_num_batched_tokens=_int_env(env, "PLAYGROUND_MAX_BATCHED_TOKENS", 8192 if public else None),
             max_model_len=_int_env(env, "PLAYGROUND_MAX_MODEL_LEN", 8192 if public else None, minimum=2),
+            max_bench_requests=_int_env(env, "PLAYGROUND_MAX_BENCH_REQUESTS", 64 if public else 1024),
+            max_bench_concurrency=_int_env(env, "PLAYGROUND_MAX_BENCH_CONCURRENCY", 16 if public else 256),
+            max_bench_tokens=_int_env(env, "PLAYGROUND_MAX_BENCH_TOKENS", 65_536 if public else 4_000_000),
             public=public,
             on_space=on_space,
             warnings=tuple(warnings),

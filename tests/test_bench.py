@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from engine.bench import build_config, main, parse_value, ratios
+from engine.bench import build_config, main, ratios
 from engine.config import list_presets, load_preset
+from engine.overrides import parse_value
 from engine.workloads import CHAT_PROMPTS_FILE, WorkloadSpec, build_workload, read_jsonl_prompts, warmup_workload
 from tests.tiny_models import build_tiny_model
 
@@ -93,3 +94,31 @@ def test_parse_value_and_ratios():
     assert ratios({"output_throughput": 10.0}, {"output_throughput": 50.0})["output_throughput"] == 5.0
     assert ratios({"output_throughput": 0.0}, {"output_throughput": 5.0})["output_throughput"] is None
     assert math.isinf(WorkloadSpec().request_rate)
+
+
+def test_goodput_objectives_add_vllms_request_goodput(bench_model_dir, tmp_path, capsys):
+    out = tmp_path / "goodput.json"
+    assert main(["--set", f"model={bench_model_dir}", "--num-prompts", "3", "--input-len", "4", "--output-len", "3",
+                 "--no-warmup", "--goodput", "ttft:100000", "tpot:100000", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["request_goodput"] == pytest.approx(report["request_throughput"])
+    assert report["workload"]["goodput_slos"] == {"ttft": 100000.0, "tpot": 100000.0}
+    assert main(["--set", f"model={bench_model_dir}", "--num-prompts", "3", "--input-len", "4", "--output-len", "3",
+                 "--no-warmup", "--goodput", "e2el:0.001", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["request_goodput"] == 0.0
+    assert "request_goodput" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--goodput", "itl:5"])
+    assert "METRIC:MS" in capsys.readouterr().err
+
+
+def test_input_length_ranges_draw_each_prompts_own_length():
+    fixed = build_workload(WorkloadSpec(num_prompts=6, input_len=9, prefix_len=4, seed=5), 500)
+    ranged = build_workload(WorkloadSpec(num_prompts=6, input_len=9, prefix_len=4, input_len_range=(2, 30), seed=5),
+                            500)
+    assert {len(r.prompt) for r in fixed} == {13}
+    lengths = [len(r.prompt) - 4 for r in ranged]
+    assert all(2 <= n <= 30 for n in lengths) and len(set(lengths)) > 1
+    assert len({tuple(r.prompt[:4]) for r in ranged}) == 1, "the shared prefix stays shared"
+    with pytest.raises(SystemExit):
+        main(["--input-len-range", "5:1"])

@@ -87,3 +87,29 @@ def test_detokenizer_holds_back_a_possible_stop_string(tiny_chat_dir):
         if stopped:
             break
     assert stopped and shown == "return "
+
+
+def test_goodput_counts_the_requests_that_met_every_objective_like_vllm():
+    """The requests of the summary test above: TTFT 1000/500/100 ms, TPOT 1000/500/300 ms, E2EL 3000/1000/1000 ms,
+    plus a single-token one (TTFT 200 ms, no TPOT: vLLM counts its TPOT as 0, so a TPOT objective passes it)."""
+    requests = [
+        RequestMetrics.from_timestamps(0.0, [1.0, 2.0, 3.0], prompt_tokens=10),
+        RequestMetrics.from_timestamps(1.0, [1.5, 2.0], prompt_tokens=6),
+        RequestMetrics.from_timestamps(2.0, [2.1, 2.4, 2.6, 3.0], prompt_tokens=4),
+        RequestMetrics.from_timestamps(3.0, [3.2], prompt_tokens=4),
+    ]
+    assert summarize(requests, duration=4.0)["request_goodput"] is None
+    assert summarize(requests, 4.0, {"ttft": 500})["request_goodput"] == pytest.approx(3 / 4)  # 500 ms is good
+    assert summarize(requests, 4.0, {"tpot": 400})["request_goodput"] == pytest.approx(2 / 4)
+    assert summarize(requests, 4.0, {"ttft": 500, "tpot": 400})["request_goodput"] == pytest.approx(2 / 4)
+    assert summarize(requests, 4.0, {"e2el": 999.0})["request_goodput"] == pytest.approx(1 / 4)
+    assert summarize(requests, 4.0, {"ttft": 1e9, "tpot": 1e9, "e2el": 1e9})["request_goodput"] == \
+        pytest.approx(summarize(requests, 4.0)["request_throughput"])
+
+
+@pytest.mark.parametrize("slos", [{"itl": 5.0}, {"ttft": 0}, {"tpot": -1.0}, {"e2el": float("inf")}, {"ttft": "5"}])
+def test_bad_goodput_objectives_are_refused(slos):
+    from engine import ConfigError
+
+    with pytest.raises(ConfigError, match="goodput objective"):
+        summarize([], 1.0, slos)

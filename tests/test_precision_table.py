@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.bench import main as bench_main
-from engine.bench import parse_sets
+from engine.overrides import parse_sets
 from engine.precision_table import default_rows
 from engine.precision_table import main as table_main
 

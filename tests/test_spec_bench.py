@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from engine.bench import build_config, main, speculative_figures
+from engine.bench import build_config, main
 from engine.config import PRESETS_DIR
+from engine.measure import speculative_figures
 from engine.workloads import read_jsonl_prompts
 from tests.spec_support import build_llama, build_truncated_draft
 from tests.tiny_models import VOCAB

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 import urllib.request
-from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -21,25 +20,20 @@ import pytest
 from playground.form import FORM_FIELDS, config_to_form
 from playground.session import config_key
 from playground.settings import Settings
-from tests.ui_helpers import ROOT, free_port, pick_model, start_app
+from tests.ui_helpers import ROOT, api_client, free_port, serving
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def running_app(tmp_path_factory):
-    model = pick_model(tmp_path_factory)
-    settings = Settings(max_new_tokens=8, max_prompt_tokens=400, max_queue=8, max_message_chars=2000)
-    app, demo, url = start_app(model, settings)
-    yield SimpleNamespace(app=app, url=url, model=model)
-    demo.close()
-    app.pool.close()
+    with serving(tmp_path_factory, Settings(max_new_tokens=8, max_prompt_tokens=400, max_queue=8,
+                                            max_message_chars=2000)) as running:
+        yield running
 
 
 def client(running_app):
-    from gradio_client import Client
-
-    return Client(running_app.url, verbose=False)
+    return api_client(running_app.url)
 
 
 def form_values(app, **changes) -> list:

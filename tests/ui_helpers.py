@@ -7,7 +7,10 @@ a chat template built in a temporary folder (so the chat path is the real one ei
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 from engine import list_models
 from tests.tiny_models import build_tiny_chat_model
@@ -39,3 +42,22 @@ def start_app(model: str, settings, models: dict | None = None):
     port = free_port()
     launch(app, demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     return app, demo, f"http://127.0.0.1:{port}/"
+
+
+@contextmanager
+def serving(tmp_path_factory, settings) -> Iterator[SimpleNamespace]:
+    """The real app on the picked model with `settings`, as (app, url, model); closed afterwards."""
+    model = pick_model(tmp_path_factory)
+    app, demo, url = start_app(model, settings)
+    try:
+        yield SimpleNamespace(app=app, url=url, model=model)
+    finally:
+        demo.close()
+        app.pool.close()
+
+
+def api_client(url: str):
+    """A gradio_client for the app at `url` (one client is one session)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False)

@@ -2,6 +2,7 @@
 
 Per request, from its arrival: TTFT = first token - arrival; E2EL = last token - arrival;
 TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = each gap between consecutive tokens.
+Goodput (vLLM's `request_goodput`) = completed requests that met every latency objective / duration.
 Memory is counted from tensor storage and the process, never from `get_memory_footprint`.
 """
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 
 import psutil
 import torch
+
+from engine.errors import ConfigError
 
 
 @dataclass
@@ -59,8 +62,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def summarize(metrics: list[RequestMetrics], duration: float) -> dict:
-    """Aggregate figures over finished requests, with vLLM's benchmark key names."""
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def check_goodput_slos(slos: dict[str, float]) -> dict[str, float]:
+    """`slos` if every key is a goodput metric and every objective a positive number of milliseconds."""
+    for name, limit in slos.items():
+        if name not in GOODPUT_METRICS:
+            raise ConfigError(f"goodput objectives are for {', '.join(GOODPUT_METRICS)}; got {name!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 < limit < float("inf"):
+            raise ConfigError(f"the goodput objective for {name} must be a positive number of ms, got {limit!r}")
+    return slos
+
+
+def meets_slos(metrics: RequestMetrics, slos: dict[str, float]) -> bool:
+    """Whether a request met every service-level objective in `slos` (milliseconds per metric name).
+
+    vLLM's rule: a request is good when each named metric is at most its objective; a request with a
+    single output token has no TPOT and counts as 0 for it.
+    """
+    values = {"ttft": metrics.ttft, "tpot": metrics.tpot or 0.0, "e2el": metrics.e2el}
+    return all(values[name] is not None and values[name] * 1000.0 <= limit for name, limit in slos.items())
+
+
+def summarize(metrics: list[RequestMetrics], duration: float, goodput_slos: dict[str, float] | None = None) -> dict:
+    """Aggregate figures over finished requests, with vLLM's benchmark key names.
+
+    `request_goodput` (vLLM's name and definition) is the completed requests that met every objective
+    of `goodput_slos` (milliseconds for any of ttft, tpot, e2el) per second of the run; None without
+    objectives.
+    """
+    check_goodput_slos(goodput_slos or {})
     completed = [m for m in metrics if m.output_tokens > 0]
     prompt_tokens = sum(m.prompt_tokens for m in completed)
     output_tokens = sum(m.output_tokens for m in completed)
@@ -70,6 +102,8 @@ def summarize(metrics: list[RequestMetrics], duration: float) -> dict:
         "total_input_tokens": prompt_tokens,
         "total_output_tokens": output_tokens,
         "request_throughput": len(completed) / duration if duration else 0.0,
+        "request_goodput": (sum(meets_slos(m, goodput_slos) for m in completed) / duration if duration else 0.0)
+        if goodput_slos else None,
         "output_throughput": output_tokens / duration if duration else 0.0,
         "total_token_throughput": (prompt_tokens + output_tokens) / duration if duration else 0.0,
     }
