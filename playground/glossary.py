@@ -134,6 +134,18 @@ TOGGLES = {
     "chat_both": Entry("chat with both", "Sends each message to A and B (and the baseline) and streams the replies "
                        "side by side; one side at a time, the first side alternating per message, so each reply's "
                        "figures are its own.", ""),
+    "roofline_window": Entry("steps to place", "Which of the engine's recorded steps the roofline places: the "
+                             "probe's, the last minute's, or every step it recorded (all sessions on this engine).",
+                             "the probe is a controlled workload; your own chat shows the steps you caused."),
+    "roofline_probe": Entry("Run probe", "Sends a short workload to the active engine: one, then 4, then 16 "
+                            "sequences of 128 prompt tokens and 32 output tokens, so decode shows at three batch "
+                            "sizes.", "a few seconds of the engine's time, shared with anyone chatting on it."),
+    "roofline_remeasure": Entry("Measure ceilings again", "Measures the device's matmul peak and memory bandwidth "
+                                "again (a few seconds) and keeps the best of each measurement so far.",
+                                "on a busy machine a measurement falls short of the device; more runs get closer."),
+    "measure_perplexity": Entry("Measure perplexity", "Scores the demo model's held-out text through this engine's "
+                                "own forward pass, once per loaded configuration (then cached).",
+                                "seconds of the engine's time (requests keep being served between its windows)."),
     "bench_dataset": Entry("dataset", "random: token-id prompts of the given lengths (need no tokenizer); chat: the "
                            "chat prompts kept in presets/chat_prompts.jsonl; upload: a .jsonl file with one "
                            "{\"prompt\": ...} or {\"messages\": [...]} per line.", ""),
@@ -194,6 +206,18 @@ FIGURES = {
     "perplexity": Entry("perplexity", "exp(mean negative log-likelihood) of the held-out text, through this "
                         "configuration's own forward pass: lower means the model predicts the text better.",
                         "quantization and pooled KV heads usually raise it a little."),
+    "arithmetic_intensity": Entry("arithmetic intensity", "FLOPs a step does per byte it must move (weights read "
+                                  "once per step, K/V read and written, embedding rows, logits).", ""),
+    "ceilings": Entry("roofline ceilings", "The device's best measured matmul FLOP/s (in the engine's dtype) and "
+                      "memory read bandwidth. Below intensity peak / bandwidth (the ridge) a step cannot beat "
+                      "intensity x bandwidth: memory-bound; above it, the peak: compute-bound.", ""),
+    "fraction_of_ceiling": Entry("fraction of its ceiling", "Achieved FLOP/s over what the roofline allows at the "
+                                 "phase's intensity (for a memory-bound phase: bytes/s over the bandwidth).", ""),
+    "spec_tokens_per_step": Entry("tokens per verification step", "Tokens a speculative step produced per sequence: "
+                                  "its accepted proposals plus the target's own token (1 = speculation gained "
+                                  "nothing).", ""),
+    "collective_share": Entry("TP communication", "Share of model-step time rank 0 spent in all-reduce / all-gather "
+                              "(waiting for the slower rank included) under tensor parallelism.", ""),
     "peak_running": Entry("peak running", "The most sequences that ran in one step.", ""),
     "cancelled_requests": Entry("cancelled", "Requests the run did not finish (never sent, or cancelled in "
                                 "flight).", ""),

@@ -29,6 +29,7 @@ from playground.form import FORM_FIELDS, MIB, config_to_form
 from playground.glossary import element_tooltips, glossary_html
 from playground.handlers import APPLY_OUTPUTS, PAGE_OUTPUTS, REFRESH_OUTPUTS, Playground
 from playground.roofline_tab import OUTPUTS as ROOFLINE_OUTPUTS
+from playground.roofline_tab import TOOLTIPS as ROOFLINE_TOOLTIPS
 from playground.roofline_tab import build_roofline_tab, wire_roofline_tab
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -68,7 +69,7 @@ def _dropdown(field_name: str, value) -> gr.Dropdown:
 
 def page_js() -> str:
     """The page's script (assets/playground.js) with this host's choices and every control's tooltip filled in."""
-    tooltips = json.dumps(element_tooltips({**COMPARE_TOOLTIPS, **BENCHMARK_TOOLTIPS}))
+    tooltips = json.dumps(element_tooltips({**COMPARE_TOOLTIPS, **BENCHMARK_TOOLTIPS, **ROOFLINE_TOOLTIPS}))
     return (JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data())
             .replace("__TOOLTIPS__", tooltips))
 

@@ -15,7 +15,7 @@ from engine import PhasePoint, RooflineReport
 
 WIDTH, HEIGHT = 640, 380
 LEFT, RIGHT, TOP, BOTTOM = 70, 20, 16, 48
-COLOURS = {"prefill": "#f97316", "decode": "#4f46e5", "batch": "#818cf8", "roof": "#0f172a"}
+COLOURS = {"prefill": "#f97316", "decode": "#4f46e5", "roof": "#0f172a"}
 
 
 @dataclass(frozen=True)
@@ -67,21 +67,20 @@ def _ticks(axes: LogAxes) -> list[str]:
     return parts
 
 
-def _points(report: RooflineReport) -> list[tuple[PhasePoint, str]]:
-    """(point, kind) to draw: each phase, and decode per batch size when there are several sizes."""
-    points = [(phase, phase.phase) for phase in (report.prefill, report.decode) if phase]
-    if len(report.decode_by_batch) > 1:
-        points += [(point, "batch") for point in report.decode_by_batch]
-    return [(point, kind) for point, kind in points if point.intensity > 0 and point.achieved_flops > 0]
+def _points(report: RooflineReport) -> list[PhasePoint]:
+    """The points to draw: prefill, and decode per batch size when there are several sizes (else decode as a
+    whole; the sentences and the table give the whole either way)."""
+    decode = report.decode_by_batch if len(report.decode_by_batch) > 1 else [report.decode]
+    return [point for point in (report.prefill, *decode)
+            if point is not None and point.intensity > 0 and point.achieved_flops > 0]
 
 
-def _label_position(kind: str, x: float, y: float, radius: int) -> str:
-    """Prefill's label to the right, decode's above-left, each batch size's below: close points stay readable."""
-    if kind == "batch":
-        return f'x="{x:.1f}" y="{y + radius + 12:.1f}" text-anchor="middle"'
-    if kind == "decode":
-        return f'x="{x - radius - 2:.1f}" y="{y - radius - 2:.1f}" text-anchor="end"'
-    return f'x="{x + radius + 3:.1f}" y="{y + 4:.1f}"'
+def _label_position(point: PhasePoint, index: int, x: float, y: float, radius: int) -> str:
+    """Prefill's label to its right; decode points' alternately below and above, so neighbours stay readable."""
+    if point.phase == "prefill":
+        return f'x="{x + radius + 3:.1f}" y="{y + 4:.1f}"'
+    offset = radius + 13 if index % 2 == 0 else -(radius + 5)
+    return f'x="{x:.1f}" y="{y + offset:.1f}" text-anchor="middle"'
 
 
 def roofline_svg(report: RooflineReport | None) -> str:
@@ -91,8 +90,8 @@ def roofline_svg(report: RooflineReport | None) -> str:
         return '<div class="hchart-empty" id="roofline-chart">no roofline yet</div>'
     ceilings, points = report.ceilings, _points(report)
     ridge = ceilings.ridge_intensity
-    axes = LogAxes.around([ridge, *(p.intensity for p, _ in points)],
-                          [ceilings.peak_flops, *(p.achieved_flops for p, _ in points)])
+    axes = LogAxes.around([ridge, *(p.intensity for p in points)], [ceilings.peak_flops,
+                                                                      *(p.achieved_flops for p in points)])
     start = max(axes.x_low, axes.y_low / ceilings.bandwidth)
     roof = [(start, start * ceilings.bandwidth), (ridge, ceilings.peak_flops), (axes.x_high, ceilings.peak_flops)]
     path = " ".join(f"{axes.x(x):.1f},{axes.y(y):.1f}" for x, y in roof)
@@ -105,13 +104,17 @@ def roofline_svg(report: RooflineReport | None) -> str:
              f'ridge {ridge:.3g} FLOP/B</text>',
              f'<text x="{axes.x(ridge) + 6:.1f}" y="{axes.y(ceilings.peak_flops) - 6:.1f}" '
              f'class="rl-note">matmul peak {_si(ceilings.peak_flops, "FLOP/s")}</text>',
-             f'<text x="{axes.x(start) + 6:.1f}" y="{axes.y(start * ceilings.bandwidth) - 8:.1f}" class="rl-note">'
-             f'memory {_si(ceilings.bandwidth, "B/s")}</text>']
-    for point, kind in points:
+             f'<text x="{LEFT + 8}" y="{TOP + 14}" class="rl-note">slope: memory read '
+             f'{_si(ceilings.bandwidth, "B/s")} × intensity</text>']
+    decode_index = 0
+    for point in points:
         x, y = axes.x(point.intensity), axes.y(point.achieved_flops)
         roof_y = axes.y(point.attainable_flops)
-        radius = 4 if kind == "batch" else 7
-        label = point.phase.removeprefix("decode, ") if kind == "batch" else point.phase
+        kind = "prefill" if point.phase == "prefill" else "decode"
+        radius = 7 if kind == "prefill" else 5
+        label = point.phase.replace("decode, batch ", "decode b=")
+        position = _label_position(point, decode_index, x, y, radius)
+        decode_index += kind == "decode"
         parts.append(
             f'<g class="rl-point" data-phase="{html.escape(point.phase)}" data-intensity="{point.intensity:.6g}" '
             f'data-flops="{point.achieved_flops:.6g}" data-fraction="{point.fraction_of_ceiling:.4f}">'
@@ -120,7 +123,7 @@ def roofline_svg(report: RooflineReport | None) -> str:
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{radius}" fill="{COLOURS[kind]}"><title>'
             f'{html.escape(point.phase)}: {point.intensity:.3g} FLOP/B, {_si(point.achieved_flops, "FLOP/s")}, '
             f'{point.fraction_of_ceiling:.0%} of the roof</title></circle>'
-            f'<text {_label_position(kind, x, y, radius)} class="rl-label">{html.escape(label)} '
+            f'<text {position} class="rl-label">{html.escape(label)} '
             f'{point.fraction_of_ceiling:.0%}</text></g>')
     parts.append("</svg>")
     return f'<div class="roofline-chart" id="roofline-chart">{"".join(parts)}</div>'

@@ -34,6 +34,9 @@ PROBE_INPUT_LEN = 128
 PROBE_OUTPUT_LEN = 32
 PROBE_SEED = 0
 OUTPUTS = ("rl_chart", "rl_summary", "rl_report", "rl_probe_started", "rl_window")
+# element id -> glossary term, for the tooltips (the chat tab's Measure perplexity button included)
+TOOLTIPS = {"rl-window": "roofline_window", "rl-probe": "roofline_probe", "rl-remeasure": "roofline_remeasure",
+            "rl-chart": "ceilings", "measure-ppl": "measure_perplexity"}
 INTRO = ("**Roofline**: where this configuration's steps sit against the limits of this device. A step that "
          "reads more bytes than it does arithmetic per byte (decode: every weight for one token per sequence) is "
          "limited by memory bandwidth (the slope); one with enough arithmetic per byte (a long prefill) by the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,12 +23,13 @@ def cpu_kernels_built() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def device_ceilings_cache(tmp_path_factory):
-    """The roofline's ceilings cache of this test session (measured once here, never the user's file); app
+    """The roofline's ceilings cache of this test session: measured once here, not the user's file, unless the
+    environment names one (e.g. to take the README's screenshot with the machine's cached ceilings); app
     processes the tests start inherit it."""
     from engine.roofline import CACHE_ENV
 
-    path = tmp_path_factory.mktemp("ceilings") / "device-ceilings.json"
     previous = os.environ.get(CACHE_ENV)
+    path = Path(previous) if previous else tmp_path_factory.mktemp("ceilings") / "device-ceilings.json"
     os.environ[CACHE_ENV] = str(path)
     yield path
     if previous is None:

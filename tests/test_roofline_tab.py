@@ -39,12 +39,12 @@ def test_chart_places_each_phase_at_its_intensity_and_achieved_flops():
     report = analyze(steps, WORK, CEILINGS)
     svg = roofline_svg(report)
     points = _drawn_points(svg)
-    assert set(points) == {"prefill", "decode", "decode, batch 1", "decode, batch 8"}
+    assert set(points) == {"prefill", "decode, batch 1", "decode, batch 8"}  # decode per batch size, when several
     assert points["decode, batch 1"]["x"] < points["decode, batch 8"]["x"] < points["prefill"]["x"]
     assert points["prefill"]["intensity"] == pytest.approx(report.prefill.intensity, rel=1e-5)
     axes = LogAxes.around([CEILINGS.ridge_intensity, *(p["intensity"] for p in points.values())],
                           [CEILINGS.peak_flops, *(p["flops"] for p in points.values())])
-    for name, phase in (("prefill", report.prefill), ("decode", report.decode)):
+    for name, phase in (("prefill", report.prefill), ("decode, batch 8", report.decode_by_batch[1])):
         assert points[name]["x"] == pytest.approx(axes.x(phase.intensity), abs=0.1)
         assert points[name]["y"] == pytest.approx(axes.y(phase.achieved_flops), abs=0.1)
     # the roof bends at the ridge, at the measured peak
@@ -52,6 +52,8 @@ def test_chart_places_each_phase_at_its_intensity_and_achieved_flops():
     ridge_x, ridge_y = (float(v) for v in roof[1].split(","))
     assert ridge_x == pytest.approx(axes.x(CEILINGS.ridge_intensity), abs=0.1)
     assert ridge_y == pytest.approx(axes.y(CEILINGS.peak_flops), abs=0.1)
+    one_size = analyze(steps[:1] + steps[2:], WORK, CEILINGS)
+    assert set(_drawn_points(roofline_svg(one_size))) == {"prefill", "decode"}  # one batch size: decode as a whole
     summary = roofline_summary_html(report)
     assert "decode (2 steps, mean batch 4.5) is memory-bound" in summary and "prefill (1 steps" in summary
     assert summary.count("<tr>") == 1 + 4  # header, prefill, decode, decode at batch 1 and 8
@@ -79,7 +81,7 @@ def test_probe_shows_decode_at_each_batch_size_with_the_engine_numbers(tiny_engi
     assert intensities == sorted(intensities)
     sequences = sum(PROBE_BATCHES)
     assert view.report["prefill"]["tokens"] + view.report["decode"]["tokens"] == sequences * (128 + 31)
-    assert set(_drawn_points(view.chart)) == {"prefill", "decode", *(f"decode, batch {b}" for b in PROBE_BATCHES)}
+    assert set(_drawn_points(view.chart)) == {"prefill", *(f"decode, batch {b}" for b in PROBE_BATCHES)}
 
 
 def test_tab_handlers_load_probe_show_and_refuse(tiny_llama_dir):

@@ -1,0 +1,60 @@
+"""The Roofline tab and the chat tab's quality panel in a real headless Chromium (as tests/test_browser.py does).
+
+A person's path: open the Roofline tab, run the probe, read the chart (the roof, the ridge, prefill and decode at
+each batch size) and the verdict; in the chat tab, measure the perplexity beside the weights. The screenshot of the
+tab goes to PLAYGROUND_SCREENSHOT_DIR when set (the README's image is made that way), else to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_browser import browser, open_page, pytestmark, shots  # noqa: F401 (fixtures and marks)
+from tests.test_browser_tabs import open_tab, tall_screenshot
+from tests.ui_helpers import pick_model, start_app
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from playground.settings import Settings
+
+    app, demo, url = start_app(pick_model(tmp_path_factory), Settings(max_new_tokens=64, max_queue=8))
+    yield app, url
+    demo.close()
+    app.pool.close()
+
+
+@pytest.fixture(scope="module")
+def page(served, browser):  # noqa: F811
+    page = open_page(browser, served[1], width=1440, height=1000)
+    yield page
+    page.close()
+
+
+def test_roofline_tab_probes_and_places_prefill_and_decode(page, shots):  # noqa: F811
+    open_tab(page, "Roofline")
+    page.wait_for_selector("#rl-probe", state="visible")
+    assert "4, then 16" in page.get_attribute("#rl-probe", "title")
+    page.locator("#rl-probe").click()
+    page.wait_for_selector("#rl-chart .rl-point[data-phase='decode, batch 16']", timeout=180_000)
+    phases = page.eval_on_selector_all("#rl-chart .rl-point", "points => points.map(p => p.dataset.phase)")
+    assert set(phases) == {"prefill", "decode, batch 1", "decode, batch 4", "decode, batch 16"}
+    intensity = dict(zip(phases, page.eval_on_selector_all(
+        "#rl-chart .rl-point", "points => points.map(p => parseFloat(p.dataset.intensity))"), strict=True))
+    assert intensity["decode, batch 1"] < intensity["decode, batch 4"] < intensity["decode, batch 16"]
+    assert intensity["prefill"] > intensity["decode, batch 16"]
+    summary = page.inner_text("#rl-summary")
+    assert "prefill (" in summary and "decode (" in summary and "of its ceiling" in summary
+    assert "memory-bound" in summary and "matmul peak" in summary
+    assert page.locator("#rl-chart polyline.rl-roof").count() == 1
+    tall_screenshot(page, shots / "roofline.png", 1250)
+
+
+def test_quality_panel_measures_perplexity_beside_the_weights(page):
+    open_tab(page, "Chat")
+    page.wait_for_function("document.querySelector('#chart-features').innerText.includes('not measured yet')",
+                           timeout=30_000)
+    assert "weights" in page.inner_text("#chart-features")
+    page.locator("#measure-ppl").click()
+    page.wait_for_function("/\\d+\\.\\d{3} on [\\d,]+ tokens/.test("
+                           "document.querySelector('#chart-features').innerText)", timeout=180_000)
