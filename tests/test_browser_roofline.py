@@ -7,28 +7,8 @@ tab goes to PLAYGROUND_SCREENSHOT_DIR when set (the README's image is made that 
 
 from __future__ import annotations
 
-import pytest
-
-from tests.test_browser import browser, open_page, pytestmark, shots  # noqa: F401 (fixtures and marks)
-from tests.test_browser_tabs import open_tab, tall_screenshot
-from tests.ui_helpers import pick_model, start_app
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    from playground.settings import Settings
-
-    app, demo, url = start_app(pick_model(tmp_path_factory), Settings(max_new_tokens=64, max_queue=8))
-    yield app, url
-    demo.close()
-    app.pool.close()
-
-
-@pytest.fixture(scope="module")
-def page(served, browser):  # noqa: F811
-    page = open_page(browser, served[1], width=1440, height=1000)
-    yield page
-    page.close()
+from tests.test_browser import browser, pytestmark, shots  # noqa: F401 (fixtures and marks)
+from tests.test_browser_tabs import open_tab, page, served, tall_screenshot  # noqa: F401 (the same app and page)
 
 
 def test_roofline_tab_probes_and_places_prefill_and_decode(page, shots):  # noqa: F811
@@ -50,7 +30,7 @@ def test_roofline_tab_probes_and_places_prefill_and_decode(page, shots):  # noqa
     tall_screenshot(page, shots / "roofline.png", 1250)
 
 
-def test_quality_panel_measures_perplexity_beside_the_weights(page):
+def test_quality_panel_measures_perplexity_beside_the_weights(page):  # noqa: F811
     open_tab(page, "Chat")
     page.wait_for_function("document.querySelector('#chart-features').innerText.includes('not measured yet')",
                            timeout=30_000)
