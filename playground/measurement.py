@@ -163,7 +163,7 @@ class MeasurementJob:
             result = measure_engine(engine, spec, concurrency or len(requests), sampling.temperature,
                                     sampling.ignore_eos, warmup, perplexity, requests=requests, top_p=sampling.top_p,
                                     top_k=sampling.top_k, goodput_slos=goodput_slos, cancel=self.cancel,
-                                    on_output=keep)
+                                    on_output=keep, roofline=True)  # the report has the bench CLI's keys
             # the measured window: from the first request sent (after the warm-up) to the last one done
             first_sent = last_done[0] - result["duration"]
             steps = [s for s in self.live_steps() if first_sent <= s.time <= last_done[0]]
