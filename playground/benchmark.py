@@ -83,12 +83,13 @@ def _upload_path(upload) -> str:
 
 
 def flat_row(report: dict) -> dict:
-    """A report's scalar figures for one CSV row; nested dicts (workload, config) become dotted columns."""
+    """A report's scalar figures for one CSV row; nested dicts (workload, config) become dotted columns. Printable
+    multi-line sections (the roofline's text) stay in the JSON."""
     row = {}
     for key, value in report.items():
         if isinstance(value, dict):
             row.update({f"{key}.{k}": v for k, v in value.items() if not isinstance(v, dict | list)})
-        elif not isinstance(value, list):
+        elif not isinstance(value, list) and not (isinstance(value, str) and "\n" in value):
             row[key] = value
     return row
 
