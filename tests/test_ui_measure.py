@@ -231,7 +231,11 @@ def test_benchmark_runs_an_uploaded_jsonl(running_app, tmp_path):
 def test_cancel_stops_the_benchmark_cleanly_and_leaves_no_request_running(running_app):
     api = client(running_app)
     job = api.submit("random", None, 64, 4, 0, "32", "256", 0, True, 0, 0, 11, api_name="/benchmark")
-    time.sleep(2.0)
+    deadline = time.monotonic() + 60
+    while not any(entry.engine.stats()["num_running"] for entry in running_app.app.pool.entries()):
+        assert time.monotonic() < deadline, "the benchmark never started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # some requests finish, most are in flight or not sent yet
     assert api.predict(api_name="/cancel_benchmark") == "cancelling"
     report, _, _ = job.result(timeout=120)
     assert engines_idle(running_app.app), "a cancelled benchmark left requests in the engine"
