@@ -11,12 +11,17 @@ import time
 from engine import Engine
 
 
-def wait_until_idle(engine: Engine, timeout: float = 10.0) -> dict:
-    """A native engine's stats once nothing runs or waits and every KV block is back in the pool."""
+def wait_until_idle(engine: Engine, timeout: float = 10.0, kv_free: bool = True) -> dict:
+    """An engine's stats once nothing runs or waits and (with `kv_free`) every KV block is back in the pool.
+
+    Pass `kv_free=False` for the transformers backend: its paged cache keeps finished requests' blocks for its own
+    prefix sharing, so its KV in use does not return to zero when its requests end.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         stats = engine.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["kv_cache_used_bytes"] == 0:
+        blocks_back = stats["kv_cache_used_bytes"] == 0 or not kv_free
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and blocks_back:
             return stats
         time.sleep(0.01)
     raise AssertionError("engine did not become idle")

@@ -50,8 +50,10 @@ def outputs(outcome, label):
 
 
 def engines_idle(app) -> bool:
-    """Every pooled engine's requests have ended (waiting the moment the loop takes to release them)."""
-    return all(wait_until_idle(entry.engine, timeout=3.0) for entry in app.pool.entries())
+    """Every pooled engine's requests have ended (waiting the moment the loop takes to release them), and every
+    native engine has all its KV blocks back."""
+    return all(wait_until_idle(entry.engine, timeout=3.0, kv_free=entry.engine.info["backend"] == "native")
+               for entry in app.pool.entries())
 
 
 # ----- Compare -------------------------------------------------------------------------------
