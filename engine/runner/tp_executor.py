@@ -14,7 +14,9 @@ The rendezvous store (a `TCPStore` on a free loopback port chosen by the OS) bel
 object, so its port goes with `close()`. A monitor thread reads each rank's heartbeats and
 watches the processes: a rank that exits, reports an error, or misses heartbeats for
 `HEARTBEAT_TIMEOUT` seconds fails the executor at once: every worker is killed, and the step
-being waited for (and any later one) raises `WorkerFailure`.
+being waited for (and any later one) raises `WorkerFailure`. The failure names the root cause:
+when one rank dies its peers fail in their next collective ("Connection reset by peer") and
+report that as their own error, so the dead rank is blamed, not the first report the monitor reads.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class _Rank:
         self.process = process
         self.status = status
         self.info: dict | None = None
+        self.error: tuple[float, str] | None = None  # (monotonic time in the worker, message) of its failure
         self.counters: dict = {}
         self.last_seen: float | None = None
         self.pid = process.pid
@@ -140,8 +143,9 @@ class TensorParallelExecutor:
             raise WorkerFailure("the tensor-parallel executor is closed")
 
     def _raise_after_broken_pipe(self) -> None:
-        """Rank 0's pipe broke: give the monitor a moment to name the cause."""
-        deadline = time.monotonic() + 2 * HEARTBEAT_INTERVAL
+        """Rank 0's pipe broke, so it has exited or is exiting: give the monitor time to name the cause (rank 0
+        may only be reacting to a lost peer, and a loaded machine may not run the monitor for a while)."""
+        deadline = time.monotonic() + HEARTBEAT_TIMEOUT
         while self._failure is None and not self._closed and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
         self._fail(f"{self._ranks[0].name} closed its pipe to the engine")
@@ -164,13 +168,29 @@ class TensorParallelExecutor:
             for item in ready:
                 if item in listening:
                     self._drain(listening[item], listening)
-            for item in ready:
-                if item in exits and not self._stopping.is_set():
-                    rank = exits[item]
-                    rank.process.join(1.0)  # its pipe closes a moment before its exit status is there
-                    self._drain(rank, listening)
-                    self._fail(f"{rank.name} exited ({describe_exit(rank.process.exitcode)})")
+            exited = any(item in exits for item in ready)
+            if (exited or any(rank.error for rank in self._ranks)) and not self._stopping.is_set():
+                self._fail(self._root_cause(listening))
             self._check_heartbeats()
+
+    def _root_cause(self, listening: dict) -> str:
+        """Why the executor fails, once some rank has exited or reported an error.
+
+        Every rank is looked at first (exits collected, pipes drained): a rank killed by a signal (which no
+        worker does to itself) is the cause, else the earliest error by the workers' own clocks, else a
+        rank that exited. Looking only at what woke the monitor would blame whichever report it read first,
+        often a healthy peer's "Connection reset by peer".
+        """
+        ended = [rank for rank in self._ranks if connection.wait([rank.process.sentinel], timeout=0)]
+        for rank in ended:
+            rank.process.join(1.0)  # its pipe closes a moment before its exit status is there
+            self._drain(rank, listening)
+        killed = [rank for rank in ended if (rank.process.exitcode or 0) < 0]
+        reported = sorted((rank for rank in self._ranks if rank.error), key=lambda rank: rank.error[0])
+        if reported and not killed:
+            return f"{reported[0].name} failed: {reported[0].error[1]}"
+        cause = (killed or ended)[0]
+        return f"{cause.name} exited ({describe_exit(cause.process.exitcode)})"
 
     def _drain(self, rank: _Rank, listening: dict) -> None:
         try:
@@ -189,7 +209,7 @@ class TensorParallelExecutor:
             if all(r.info is not None for r in self._ranks):
                 self._ready.set()
         elif kind == "error":
-            self._fail(f"{rank.name} failed: {body}")
+            rank.error = body
 
     def _check_heartbeats(self) -> None:
         now = time.monotonic()

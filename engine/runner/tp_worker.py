@@ -130,8 +130,10 @@ def run_worker(spec: WorkerSpec, command, status) -> None:
         channel.send(("ready", worker.describe()))
         worker.serve()
     except BaseException as error:
+        failed_at = time.monotonic()
         traceback.print_exc()
-        channel.send(("error", f"{type(error).__name__}: {error}"))
+        # The time lets the engine tell a first failure from peers failing after it (CLOCK_MONOTONIC is system-wide).
+        channel.send(("error", (failed_at, f"{type(error).__name__}: {error}")))
         os._exit(1)
     # The process groups are destroyed and nothing is left to flush but stdio; the interpreter's own teardown
     # of torch.distributed would take seconds more.
