@@ -6,8 +6,10 @@ Regression tests for issue 11's engine-side bugs, each reproducible before its f
 from __future__ import annotations
 
 import gc
+import json
 import shutil
 import threading
+import time
 import weakref
 
 import pytest
@@ -160,3 +162,34 @@ def test_the_hf_backend_refuses_pickled_checkpoints(tiny_llama_dir, tmp_path):
         Engine(EngineConfig(model=str(folder), backend="hf"))
     with pytest.raises(ModelLoadError, match="safetensors"):
         Engine(EngineConfig(model=str(folder), backend="native"))
+
+
+def test_a_caller_that_sees_its_request_finished_sees_its_blocks_free(engine, monkeypatch):
+    """The final delta is published once the request's KV blocks are free. Before, `stats()` right after
+    `generate()` could still count them in use (the loop frees them later in the step): a flaky test elsewhere."""
+    scheduler = engine._backend.scheduler
+    complete_step = scheduler.complete_step
+
+    def slow_complete_step(items):
+        time.sleep(0.3)  # a loaded machine descheduling the loop between delivering tokens and freeing blocks
+        return complete_step(items)
+
+    monkeypatch.setattr(scheduler, "complete_step", slow_complete_step)
+    engine.generate("The engine", SamplingParams(max_tokens=3, ignore_eos=True))
+    stats = engine.stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == 0
+
+
+@pytest.mark.parametrize("backend", ["native", "hf", "auto"])
+def test_remote_code_in_a_model_folder_is_never_run(backend, tmp_path):
+    """A checkpoint that needs its own Python code (auto_map) is refused on every backend, its code unrun."""
+    code = "import pathlib\npathlib.Path(__file__).with_name('RAN').write_text('remote code ran')\n"
+    for module in ("configuration_custom", "modeling_custom"):
+        (tmp_path / f"{module}.py").write_text(code)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "custom", "architectures": ["CustomForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_custom.CustomConfig",
+                     "AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}}))
+    with pytest.raises(ModelLoadError, match="custom code"):
+        Engine(EngineConfig(model=str(tmp_path), backend=backend))
+    assert not (tmp_path / "RAN").exists()

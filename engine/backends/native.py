@@ -255,13 +255,18 @@ class NativeBackend:
                           spec_accepted=sum(len(t) - 1 for t in tokens), propose_duration=proposed - started,
                           context_tokens=sum(chunk.end for chunk in plan.chunks),
                           attention_pairs=sum(chunk.attention_pairs for chunk in plan.chunks)))
-        for item, new_tokens, usable in zip(completing, tokens, valid, strict=True):
-            self._deliver(item.request, new_tokens, usable, now)
-        # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
-        self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
-        for item in scheduled:
-            if item.request.finished:
-                self._remove(item.request)
+        try:
+            for item, new_tokens, usable in zip(completing, tokens, valid, strict=True):
+                item.request.hold_final = True  # its end is published once its blocks are free (below)
+                self._deliver(item.request, new_tokens, usable, now)
+            # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
+            self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
+            for item in scheduled:
+                if item.request.finished:
+                    self._remove(item.request)
+        finally:
+            for item in completing:
+                item.request.release_final()
         self.steps += 1
         self.profiler.end_step(len(plan.chunks), plan.num_tokens, sum(chunk.end for chunk in plan.chunks))
 

@@ -76,6 +76,10 @@ class Request:
     error: str | None = None
     cancel_requested: bool = False
     outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
+    # While set, the final delta waits in `held_final` until `release_final()`: the engine publishes a
+    # request's end only once its KV blocks are free, so a caller that sees it finished sees them free.
+    hold_final: bool = False
+    held_final: StreamDelta | None = field(default=None, repr=False)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -117,7 +121,7 @@ class Request:
             self.finish_reason = "stop"
         if self.finished and not hit_stop:
             text += self.detokenizer.flush()
-        self.outbox.put(StreamDelta(text, accepted, self.finished, self.finish_reason, self.metrics()))
+        self._publish(StreamDelta(text, accepted, self.finished, self.finish_reason, self.metrics()))
 
     def finish(self, reason: str, error: str | None = None) -> None:
         """End the request without a new token: "cancelled" by its caller, "aborted" by the engine
@@ -127,7 +131,20 @@ class Request:
         self.finish_reason = reason
         self.error = error
         text = self.detokenizer.flush() if reason in ("cancelled", "aborted") else ""
-        self.outbox.put(StreamDelta(text, [], True, reason, self.metrics(), error))
+        self._publish(StreamDelta(text, [], True, reason, self.metrics(), error))
+
+    def _publish(self, delta: StreamDelta) -> None:
+        if delta.finished and self.hold_final:
+            self.held_final = delta
+        else:
+            self.outbox.put(delta)
+
+    def release_final(self) -> None:
+        """Stop holding back the final delta, and publish it if it was held."""
+        self.hold_final = False
+        if self.held_final is not None:
+            self.outbox.put(self.held_final)
+            self.held_final = None
 
 
 class RequestHandle:
