@@ -22,8 +22,10 @@ $(TEST_STAMP): requirements-test.txt $(RUN_STAMP)
 
 # The engine's C++ CPU kernels (engine/model/csrc), compiled once per source and torch version into build/
 # (about a minute on two cores; a no-op when that build exists). Without them the engine runs pure PyTorch.
+# Then optimum-quanto's CPU extension, which quanto would otherwise compile inside the first quanto-int4 load.
 kernels: $(RUN_STAMP)
 	$(PY) -c 'from engine.model.cpu_kernels import build; print("CPU kernels:", build())'
+	$(PY) -c 'from engine.quant.quanto_levels import build_cpu_extension as b; print("quanto CPU extension:", b())'
 
 # Browser tests drive the system Chromium (never a browser downloaded by a test tool).
 chromium:

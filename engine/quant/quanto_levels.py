@@ -50,6 +50,20 @@ def make(weight: torch.Tensor, device: str, weights: str) -> nn.Module:
     return OutsideInferenceMode(qlinear.eval()) if weights == "int4" else qlinear.eval()
 
 
+def build_cpu_extension() -> str:
+    """Compile optimum-quanto's C++ CPU extension (int4 unpacking) now; returns its build folder.
+
+    quanto otherwise compiles it at the first int4 forward pass on a CPU: a minute or more on a small
+    machine, inside an engine's load. The project's install steps (`make kernels`) call this, so that it
+    happens ahead of time, like the engine's own kernels; an existing build is only loaded.
+    """
+    from optimum.quanto.library.extensions import get_extension
+
+    extension = get_extension("quanto_cpp")
+    extension.lib  # noqa: B018 (the property builds and loads the library)
+    return extension.build_directory
+
+
 def int4_group_size(in_features: int) -> int | None:
     """The group size `QLinear` picks for int4 weights (None: one scale per output row)."""
     size = INT4_GROUP_SIZE
