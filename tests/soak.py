@@ -44,6 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SWITCHES = ((None, "no-prefix-cache"), ("no-prefix-cache", "prefix-cache"))
 ALSO_USED = "static"            # another configuration in use throughout (the pool keeps two in public mode)
 RSS_SLACK_MIB = 256             # RSS beside the KV pools may grow by the engines loaded meanwhile plus this
+# A client that hangs up must cost little more than what it read: the tokens generated for hang-ups may be at most
+# this share of what they asked for (each reads 1-12 text events of max_new_tokens, then the server cancels).
+HANG_UP_SHARE = 0.25
 ANYIO_THREADS = 40              # AnyIO's default worker-thread limit: that pool grows and shrinks within it
 QUESTIONS = ["What does the json module do?", "How do I sort a list?", "What is os.path?",
              "Explain the KV cache.", "How do I read a file line by line?"]
@@ -297,11 +300,12 @@ def _judge_whole(job: Job, reply: dict, outcome: Outcome) -> None:
         return
     for choice, figures in zip(choices, reply["metrics"], strict=True):
         text = choice["message"]["content"] if "message" in choice else choice["text"]
-        outcome.finish, outcome.output_tokens = choice["finish_reason"], figures["output_tokens"]
-        outcome.problem = _finished_right(job, outcome.finish, outcome.output_tokens, text)
+        outcome.finish = choice["finish_reason"]
+        outcome.problem = _finished_right(job, outcome.finish, figures["output_tokens"], text)
         if outcome.problem:
             return
-    if reply["usage"]["completion_tokens"] != sum(f["output_tokens"] for f in reply["metrics"]):
+    outcome.output_tokens = reply["usage"]["completion_tokens"]
+    if outcome.output_tokens != sum(f["output_tokens"] for f in reply["metrics"]):
         outcome.problem = "usage disagrees with the per-choice figures"
 
 
@@ -417,6 +421,35 @@ def _settle(app, seconds: float) -> None:
         time.sleep(0.1)
 
 
+class EngineWatch:
+    """Every engine the pool holds while the block runs, kept to count the tokens they generated afterwards
+    (an engine evicted meanwhile is closed, but its step records stay)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.engines: dict[int, object] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="soak-engine-watch", daemon=True)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for entry in self.app.pool.entries():
+                self.engines[id(entry.engine)] = entry.engine
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> EngineWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def output_tokens(self, since: float) -> int:
+        return sum(step.num_output_tokens for engine in self.engines.values()
+                   for step in engine.step_history(since=since))
+
+
 @dataclass
 class Report:
     requests: int
@@ -425,6 +458,7 @@ class Report:
     kinds: dict
     poison_refused: int
     hung_up: int
+    hung_up_tokens: int
     completed: int
     latency_p50_s: float
     latency_p99_s: float
@@ -458,26 +492,38 @@ def soak(app, url: str, requests: int = 200, clients: int = 16, max_tokens: int 
         jobs = plan_jobs(requests, app.settings, model, max_tokens, random.Random(seed + number), switch)
         _settle(app, 30)
         before = Snapshot.take(app, client_threads())
-        started = time.perf_counter()
-        outcomes = _run_all(jobs, base, gradio_clients, clients, timeout, app, switch[1])
-        seconds = time.perf_counter() - started
-        rounds.append((jobs, outcomes, seconds, before))
-    _settle(app, 30)
+        rounds.append((jobs, *_run_round(app, jobs, base, gradio_clients, clients, timeout, switch[1]), before))
     after = Snapshot.take(app, client_threads())
-    jobs, outcomes, seconds, before = rounds[-1]
-    problems = [f"request {o.index} ({o.kind}): {o.problem}" for _, round_outcomes, _, _ in rounds
+    jobs, outcomes, seconds, generated, before = rounds[-1]
+    problems = [f"request {o.index} ({o.kind}): {o.problem}" for _, round_outcomes, *_ in rounds
                 for o in round_outcomes if o.problem]
     problems += _server_problems(before, after)
+    delivered = sum(o.output_tokens for o in outcomes if o.kind != "hang-up")
+    hang_ups = sum(o.kind == "hang-up" for o in outcomes)
+    if generated - delivered > hang_ups * app.settings.max_new_tokens * HANG_UP_SHARE:
+        problems.append(f"the engines generated {generated - delivered} tokens for {hang_ups} clients that hung up "
+                        f"(asked for {app.settings.max_new_tokens} each): hanging up did not cancel them")
     if len(outcomes) != len(jobs):
         problems.append(f"{len(jobs) - len(outcomes)} requests never finished")
     latencies = [o.seconds for o in outcomes if o.kind not in ("poison", "hang-up") and not o.problem]
     return Report(requests=len(jobs), clients=clients, seconds=round(seconds, 1),
                   kinds=dict(Counter(j.kind for j in jobs)),
                   poison_refused=sum(o.kind == "poison" and not o.problem for o in outcomes),
-                  hung_up=sum(o.finish == "hung up" for o in outcomes),
+                  hung_up=sum(o.finish == "hung up" for o in outcomes), hung_up_tokens=generated - delivered,
                   completed=len(latencies), latency_p50_s=round(_percentile(latencies, 0.5), 3),
                   latency_p99_s=round(_percentile(latencies, 0.99), 3), before=before, after=after,
                   problems=problems)
+
+
+def _run_round(app, jobs: list[Job], base, gradio_clients, clients: int, timeout: float,
+               preset: str) -> tuple[list[Outcome], float, int]:
+    """(outcomes, seconds, tokens the engines generated) of one round, once the server has settled."""
+    started = time.perf_counter()
+    with EngineWatch(app) as engines:
+        outcomes = _run_all(jobs, base, gradio_clients, clients, timeout, app, preset)
+        seconds = time.perf_counter() - started
+        _settle(app, 30)
+    return outcomes, seconds, engines.output_tokens(since=started)
 
 
 def _server_problems(before: Snapshot, after: Snapshot) -> list[str]:
@@ -591,7 +637,8 @@ def format_report(report: Report) -> str:
     before, after = report.before, report.after
     lines = [f"{report.requests} requests from {report.clients} clients in {report.seconds} s: {report.kinds}",
              f"completed {report.completed} (p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s), "
-             f"hung up {report.hung_up}, poison refused {report.poison_refused}",
+             f"hung up {report.hung_up} (the engines generated {report.hung_up_tokens} tokens for them), "
+             f"poison refused {report.poison_refused}",
              f"RSS {before.rss_mib:.0f} -> {after.rss_mib:.0f} MiB, of which KV pages {before.kv_resident_mib:.0f} -> "
              f"{after.kv_resident_mib:.0f} MiB (engines {before.engine_mib:.0f} -> "
              f"{after.engine_mib:.0f} MiB); threads {sum(before.threads.values())} -> {sum(after.threads.values())}; "
