@@ -39,6 +39,7 @@ from engine.core.perplexity import (
     token_windows,
 )
 from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
+from engine.core.threads import start_helper_thread
 from engine.errors import ModelLoadError, RequestError
 from engine.hub import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
 from engine.model.spec import NATIVE_ARCHITECTURES
@@ -136,8 +137,7 @@ class Engine:
         self._held_out_perplexity: PerplexityResult | None = None
         self._held_out_lock = threading.Lock()
         self._closed = False
-        self._loop = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
-        self._loop.start()
+        self._loop = start_helper_thread(self._run_loop, "engine-loop")
         try:
             self._warm_up()
         except BaseException:

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -193,3 +197,44 @@ def test_remote_code_in_a_model_folder_is_never_run(backend, tmp_path):
     with pytest.raises(ModelLoadError, match="custom code"):
         Engine(EngineConfig(model=str(tmp_path), backend=backend))
     assert not (tmp_path / "RAN").exists()
+
+
+def test_the_engines_threads_leave_ctrl_c_to_the_main_thread(engine):
+    """The kernel may hand a process's SIGINT to any thread that does not block it; Python only acts on it in the
+    main thread, so a helper thread that took it would leave a sleeping main thread asleep (engine.core.threads)."""
+    loop = next(t for t in engine_threads() if t is engine._loop)
+    with open(f"/proc/self/task/{loop.native_id}/status") as status:
+        blocked = int(next(line for line in status if line.startswith("SigBlk:")).split()[1], 16)
+    assert all(blocked >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM))
+
+
+CTRL_C_ELSEWHERE = """
+import signal, sys, threading, time
+from engine import Engine, EngineConfig, SamplingParams
+engine = Engine(EngineConfig(model=sys.argv[1]))
+handle = engine.submit([5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True))
+next(iter(handle))
+threading.Thread(target=engine._on_loop, args=(lambda backend: time.sleep(5),)).start()  # no deltas for 5 s
+
+def ctrl_c_on_this_thread():
+    time.sleep(0.5)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+threading.Thread(target=ctrl_c_on_this_thread).start()
+started = time.monotonic()
+try:
+    handle.result()
+    print("not interrupted", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s", flush=True)
+"""
+
+
+def test_ctrl_c_that_reaches_another_thread_interrupts_a_waiting_caller():
+    """A caller blocked in `result()` while no tokens come (the loop busy for 5 s) wakes up for a SIGINT that
+    another thread received; before, it slept until the next token arrived."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", CTRL_C_ELSEWHERE, "demo"], capture_output=True, text=True,
+                         cwd=root, timeout=300)
+    assert run.stdout.startswith("interrupted after"), run.stdout + run.stderr[-2000:]
+    assert float(run.stdout.split()[2]) < 3, run.stdout

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.metrics import RequestMetrics
+from engine.core.threads import SIGNAL_CHECK_SECONDS
 from engine.sampling_params import SamplingParams
 
 _request_ids = itertools.count()
@@ -161,7 +162,10 @@ class RequestHandle:
 
     def __iter__(self) -> Iterator[StreamDelta]:
         while self._last is None or not self._last.finished:
-            delta = self._outbox.get()
+            try:  # in slices, so that a Ctrl-C that reached another thread interrupts this wait (engine.core.threads)
+                delta = self._outbox.get(timeout=SIGNAL_CHECK_SECONDS)
+            except queue.Empty:
+                continue
             self._text.append(delta.text)
             self._token_ids.extend(delta.token_ids)
             self._last = delta

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from engine.core.threads import exit_signals_blocked, start_helper_thread
 from engine.errors import ModelLoadError
 from engine.runner.build import RunnerSettings
 from engine.runner.executor import ExecutorStats
@@ -89,7 +90,8 @@ class TensorParallelExecutor:
         self._closed = False
         self._seconds = 0.0
         self._rank0_counters: dict = {}
-        self._store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+        with exit_signals_blocked():  # the store's server thread inherits the mask
+            self._store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
         self.rendezvous_port = self._store.port
         context = mp.get_context("spawn")
         threads = max(1, torch.get_num_threads() // size)
@@ -109,8 +111,7 @@ class TensorParallelExecutor:
                     self._command = command_here
                 self._ranks.append(_Rank(rank, process, receive))
             self._started = time.monotonic()
-            self._monitor = threading.Thread(target=self._watch, name="tp-monitor", daemon=True)
-            self._monitor.start()
+            self._monitor = start_helper_thread(self._watch, "tp-monitor")
             self._ready.wait()
             if self._failure is not None:
                 raise ModelLoadError(f"tensor-parallel workers could not start: {self._failure}")
