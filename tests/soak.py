@@ -494,6 +494,8 @@ def soak(app, url: str, requests: int = 200, clients: int = 16, max_tokens: int 
         before = Snapshot.take(app, client_threads())
         rounds.append((jobs, *_run_round(app, jobs, base, gradio_clients, clients, timeout, switch[1]), before))
     after = Snapshot.take(app, client_threads())
+    for client in gradio_clients:
+        client.close()
     jobs, outcomes, seconds, generated, before = rounds[-1]
     problems = [f"request {o.index} ({o.kind}): {o.problem}" for _, round_outcomes, *_ in rounds
                 for o in round_outcomes if o.problem]
