@@ -24,7 +24,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 import anyio
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine import EngineError, RequestError
@@ -370,8 +370,6 @@ def build_router(service: OpenAIService) -> APIRouter:
     return router
 
 
-def mount_openai_routes(fastapi_app: FastAPI, app: Playground) -> OpenAIService:
-    """Add the /v1 routes to the server Gradio runs (they share its process, port and engine pool)."""
-    service = OpenAIService(app)
-    fastapi_app.include_router(build_router(service))
-    return service
+def openai_routes(app: Playground) -> list:
+    """The /v1 routes, for the server Gradio runs (they share its process, port and engine pool)."""
+    return list(build_router(OpenAIService(app)).routes)

@@ -21,7 +21,7 @@ from playground.errors import Refused
 from playground.form import MIB
 from playground.handlers import Playground, engine_size_bytes
 from playground.layout import CSS_PATH, PAGE_HEAD, THEME, build_app, page_js
-from playground.openai_api import mount_openai_routes
+from playground.openai_api import openai_routes
 from playground.pool import EnginePool
 from playground.session import config_key
 from playground.settings import Settings
@@ -94,16 +94,16 @@ def warm_up(app: Playground) -> threading.Thread:
 
 
 def launch(app: Playground, demo: gr.Blocks | None = None, prevent_thread_lock: bool = False, **launch_kwargs):
-    """Queue bounds from the settings, Gradio's launch (GRADIO_SERVER_NAME/PORT honoured), then the
-    OpenAI-compatible routes (/v1/...) on the same server, over the same engine pool."""
+    """Queue bounds from the settings, and Gradio's launch (GRADIO_SERVER_NAME/PORT honoured) of a server that
+    also has the OpenAI-compatible routes (/v1/...), over the same engine pool. The routes are given to the
+    server when it is created: added after it starts, they answered 404 for a moment."""
     for warning in app.settings.warnings:
         print(f"\n[playground] WARNING: {warning}\n", file=sys.stderr, flush=True)
     demo = demo or build_app(app)
     demo.queue(max_size=app.settings.max_queue, default_concurrency_limit=app.settings.max_concurrent_chats)
     result = demo.launch(theme=THEME, css_paths=[CSS_PATH], css=page_css(), js=page_js(), head=PAGE_HEAD,
-                         prevent_thread_lock=True,
+                         prevent_thread_lock=True, app_kwargs={"routes": openai_routes(app)},
                          **launch_kwargs)
-    mount_openai_routes(demo.app, app)
     if not prevent_thread_lock:
         demo.block_thread()
     return result
