@@ -212,9 +212,11 @@ CTRL_C_ELSEWHERE = """
 import signal, sys, threading, time
 from engine import Engine, EngineConfig, SamplingParams
 engine = Engine(EngineConfig(model=sys.argv[1]))
+stalled = threading.Event()
+stall = lambda backend: (stalled.set(), time.sleep(5))  # the loop busy: no tokens for 5 s
+threading.Thread(target=engine._on_loop, args=(stall,), daemon=True).start()
+stalled.wait()
 handle = engine.submit([5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True))
-next(iter(handle))
-threading.Thread(target=engine._on_loop, args=(lambda backend: time.sleep(5),)).start()  # no deltas for 5 s
 
 def ctrl_c_on_this_thread():
     time.sleep(0.5)
@@ -227,6 +229,8 @@ try:
     print("not interrupted", flush=True)
 except KeyboardInterrupt:
     print(f"interrupted after {time.monotonic() - started:.1f} s", flush=True)
+finally:
+    engine.close()
 """
 
 

@@ -74,13 +74,20 @@ def gone(pid: int) -> bool:
 
 
 def describe(*pids: int) -> str:
-    """Each process's state and thread count, for a failure message."""
+    """Each process's state, and each of its threads' signal masks and pending signals, for a failure message."""
     states = []
     for pid in pids:
         try:
             process = psutil.Process(pid)
-            states.append(f"{pid}: {process.status()}, {process.num_threads()} threads")
-        except psutil.NoSuchProcess:
+            threads = []
+            for thread in process.threads():
+                with open(f"/proc/{pid}/task/{thread.id}/status") as status:
+                    sig = {k: v.strip() for k, _, v in (line.partition(":") for line in status)
+                           if k in ("SigIgn", "SigBlk", "SigPnd", "ShdPnd")}
+                with open(f"/proc/{pid}/task/{thread.id}/wchan") as wchan:
+                    threads.append(f"{thread.id} {wchan.read()} {sig}")
+            states.append(f"{pid} {process.status()}: " + ", ".join(threads))
+        except (psutil.NoSuchProcess, FileNotFoundError):
             states.append(f"{pid}: gone")
     return "; ".join(states)
 
