@@ -1,7 +1,7 @@
 """Waiting for the engine loop, which runs on its own thread.
 
-A caller's result arrives as soon as the request's last token is published, a moment before the loop
-releases that request's KV blocks; figures that depend on the release are read once the engine is idle.
+A caller's result arrives once its request's KV blocks are free, but other requests (cancelled ones, those of
+other threads) may still be running or being released; figures about the whole engine are read once it is idle.
 """
 
 from __future__ import annotations

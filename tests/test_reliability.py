@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from engine import Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
 from engine.core import detokenizer as detokenizer_module
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from tests.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +209,7 @@ def test_the_engines_threads_leave_ctrl_c_to_the_main_thread(engine):
     assert all(blocked >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM))
 
 
-CTRL_C_ELSEWHERE = """
+CTRL_C_ELSEWHERE = CTRL_C_AS_IN_A_TERMINAL + """
 import signal, sys, threading, time
 from engine import Engine, EngineConfig, SamplingParams
 engine = Engine(EngineConfig(model=sys.argv[1]))

@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, estimate_memory, unavailable_reason
 from engine.config import cpu_cores, tensor_parallel_reason
 from engine.runner.tp_executor import HEARTBEAT_TIMEOUT
+from tests.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 from tests.tiny_models import VOCAB
 
 pytestmark = pytest.mark.skipif(cpu_cores() < 2, reason="two ranks need two CPU cores")
@@ -274,7 +275,7 @@ def test_a_lost_worker_fails_callers_fast_and_close_frees_everything(tiny_model_
         assert listening_ports() <= before_ports
 
 
-PARENT = """
+PARENT = CTRL_C_AS_IN_A_TERMINAL + """
 import json, sys, time
 from engine import Engine, EngineConfig, SamplingParams
 engine = Engine(EngineConfig(model=sys.argv[1], dtype="float32", tensor_parallel_size=2))
