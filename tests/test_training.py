@@ -1,8 +1,9 @@
-"""The demo-model build: corpus, tokenizer, a tiny training run, and the bundled assets."""
+"""The demo-model build: corpus, questions, answer check, a tiny training run, and the bundled assets."""
 
 from __future__ import annotations
 
-import re
+import json
+import random
 import tomllib
 from pathlib import Path
 
@@ -10,11 +11,23 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.training.answer_check import opens_with_reference, repeats_four_words
 from engine.training.card import BuildResults, read_build_record, write_card
-from engine.training.corpus import DocEntry, NameParts, answer_for, build_corpus, is_held_out, renamed, summary
+from engine.training.corpus import (
+    POPULAR_MIN_CHARS,
+    answer_for,
+    build_corpus,
+    is_held_out,
+    popular_entries,
+    recall_cases,
+    summary,
+    without_signature,
+)
 from engine.training.distill import distillation_loss
-from engine.training.evaluate import speculative_acceptance
+from engine.training.evaluate import GradedAnswer, forward_cost_ratio, speculative_acceptance
 from engine.training.model import ModelShape, TrainSettings, build_model, token_stream, train, windows
+from engine.training.popular import SUGGESTED_QUESTIONS, popular_names
+from engine.training.questions import FRESH_TEMPLATES, GENERIC_TEMPLATES, KIND_TEMPLATES, name_form, phrase
 from engine.training.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +46,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def corpus():
-    return build_corpus(limit=60)
+    return build_corpus(limit=100, popular_copies=3)
 
 
 @pytest.fixture(scope="module")
@@ -47,20 +60,85 @@ def tokenizer(corpus, tmp_path_factory):
 def test_corpus_has_plain_text_chats_and_a_deterministic_held_out_split(corpus):
     assert corpus.train_text and corpus.train_chats and corpus.heldout_entries
     assert is_held_out("module:json") == is_held_out("module:json")
-    assert all(entry.held_out for entry in corpus.heldout_entries)
     heldout_questions = {chat[0]["content"] for chat in corpus.heldout_chats}
     assert not heldout_questions & {chat[0]["content"] for chat in corpus.train_chats}
-    kinds = {entry.kind for entry in corpus.heldout_entries}
-    assert "topic" in kinds
+    heldout_groups = {entry.group for entry in corpus.heldout_entries}
+    assert all(is_held_out(group) for group in heldout_groups)
+    assert not heldout_groups & {entry.group for entry in corpus.train_entries}
     for chat in corpus.train_chats[:50]:
         assert [m["role"] for m in chat] == ["user", "assistant"]
         assert chat[1]["content"].strip()
 
 
-def test_summary_keeps_leading_prose_and_stops_before_code():
+def test_popular_entries_always_train_and_get_their_extra_chats(corpus):
+    assert corpus.popular and all(entry in corpus.train_entries for entry in corpus.popular)
+    builtins_group = "module:builtins"
+    assert is_held_out(builtins_group) and any(entry.group == builtins_group for entry in corpus.popular)
+    answers = [chat[1]["content"] for chat in corpus.train_chats]
+    entry = corpus.popular[0]
+    assert answers.count(answer_for(entry, POPULAR_MIN_CHARS)) == 2 + 3
+    more = build_corpus(limit=100, popular_copies=5)
+    assert len(more.train_chats) - len(corpus.train_chats) == 2 * len(corpus.popular)
+
+
+def test_nearly_every_popular_name_resolves_to_its_own_docstring():
+    entries = {entry.name: entry for entry in popular_entries()}
+    assert len(entries) >= 0.9 * len(popular_names())
+    assert entries["len"].kind == "function" and entries["len"].group == "module:builtins"
+    assert entries["str.split"].kind == "method"
+    assert entries["collections.Counter"].kind == "class"
+    assert answer_for(entries["json.dumps"]).startswith("Serialize `obj` to a JSON formatted `str`.")
+    assert answer_for(entries["os.path.join"]).startswith("Join two or more pathname components")
+
+
+def test_fresh_phrasings_never_appear_in_training(corpus):
+    assert not set(FRESH_TEMPLATES) & set(GENERIC_TEMPLATES + KIND_TEMPLATES)
+    cases = recall_cases(corpus.popular, 20, POPULAR_MIN_CHARS)
+    assert len(cases) == 20
+    training_questions = {chat[0]["content"] for chat in corpus.train_chats}
+    assert not {question for question, _ in cases} & training_questions
+    fresh_openings = tuple(template.split("{name}")[0].lower() for template in FRESH_TEMPLATES)
+    assert all(fresh_openings)
+    assert not [question for question in training_questions if question.lower().startswith(fresh_openings)]
+
+
+def test_surface_forms_vary_the_way_people_type():
+    forms = {name_form("method", "pathlib.Path.read_text", random.Random(seed)) for seed in range(60)}
+    assert {"pathlib.Path.read_text", "`pathlib.Path.read_text`", "Path.read_text", "pathlib.Path.read_text()"} <= forms
+    topics = {name_form("topic", "the `with` statement", random.Random(seed)) for seed in range(20)}
+    assert topics == {"the `with` statement", "the with statement"}
+    questions = {phrase("What does {name} do?", "function", "len", random.Random(seed)) for seed in range(60)}
+    assert {"what does len do?", "What does `len` do", "What does len() do?"} <= questions
+
+
+def test_summary_keeps_leading_prose_and_skips_code_grammar_and_parameter_lists():
     text = "First paragraph\nwraps here.\n\nSecond one.\n\n>>> print(1)\n1\n\nAfter the code."
     assert summary(text) == "First paragraph wraps here.\n\nSecond one."
     assert summary("Use it like this:") == "Use it like this."
+    assert summary('pass_stmt ::= "pass"\n\nA null operation.\n\n  sep\n    a separator\n\nThe end.') == (
+        "A null operation.\n\nThe end."
+    )
+
+
+def test_c_docstring_signatures_are_dropped_and_their_descriptions_kept():
+    assert without_signature("map(func, *iterables) --> map object\n\nMake an iterator.") == "Make an iterator."
+    assert without_signature("zip(*iterables) --> Yield tuples.\n\nMore.") == "Yield tuples.\n\nMore."
+    assert without_signature("repeat(object [,times]) -> create an iterator\nthat repeats.") == (
+        "Create an iterator\nthat repeats."
+    )
+    assert without_signature("int([x]) -> integer\nint(x, base=10) -> integer\n\nConvert.") == "Convert."
+
+
+def test_answer_check_accepts_the_documented_sentence_or_a_close_restatement_only():
+    sentence = "Return a new list containing all items from the iterable in ascending order."
+    reference = f"{sentence}\n\nMore text."
+    assert opens_with_reference(sentence, reference)
+    restated = "return a new list containing all the items from the `iterable` in order. Other."
+    assert opens_with_reference(restated, reference)
+    assert not opens_with_reference("Return the number of items in a container.", reference)
+    assert not opens_with_reference("Return a new list. Containing all items from the iterable.", reference)
+    assert repeats_four_words("the number of items in the list and the number of items")
+    assert not repeats_four_words("Return the number of items in a container.")
 
 
 def test_tokenizer_loads_with_chat_template_and_end_of_turn_eos(tokenizer):
@@ -77,9 +155,10 @@ def test_tokenizer_loads_with_chat_template_and_end_of_turn_eos(tokenizer):
 def test_tiny_model_and_distilled_draft_losses_fall(corpus, tokenizer, one_thread):
     torch.manual_seed(0)
     data = windows(token_stream(tokenizer, corpus.train_text, corpus.train_chats), 32)[:64]
-    settings = TrainSettings(minutes=1, steps=50, seq_len=32, batch_size=8, lr=1e-2, warmup=5)
+    settings = TrainSettings(steps=50, seq_len=32, batch_size=8, lr=1e-2, warmup=5)
     target = build_model(TINY_SHAPE, tokenizer)
     report = train(target, data, settings, log=lambda _: None)
+    assert report.steps == len(report.losses) == 50 and report.tokens == 50 * 8 * 32
     assert sum(report.losses[-5:]) < sum(report.losses[:5]) * 0.8
 
     draft = build_model(ModelShape(hidden=16, layers=1, heads=2, intermediate=32), tokenizer)
@@ -92,6 +171,12 @@ def test_a_draft_identical_to_the_target_is_always_accepted(tokenizer, one_threa
     model = build_model(TINY_SHAPE, tokenizer).eval()
     accepted, proposed = speculative_acceptance(model, model, tokenizer, ["What is `os`?"], max_new_tokens=12)
     assert proposed > 0 and accepted == proposed
+
+
+def test_a_shallow_draft_costs_less_per_forward_than_a_deep_target(tokenizer, one_thread):
+    shallow = build_model(ModelShape(hidden=64, layers=1, heads=2, intermediate=128), tokenizer).eval()
+    deep = build_model(ModelShape(hidden=64, layers=12, heads=2, intermediate=128), tokenizer).eval()
+    assert forward_cost_ratio(shallow, deep, rounds=2) < 0.6
 
 
 @pytest.mark.skipif(not (ASSETS / "README.md").is_file(), reason="demo models not built yet")
@@ -118,7 +203,6 @@ def test_bundled_demo_models_load_offline_and_fit_the_contract():
     ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
     output = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
     assert output.shape[1] > ids.shape[1]
-    assert (ASSETS / "README.md").is_file()
 
 
 def test_model_presets_point_demo_at_its_bundled_draft():
@@ -133,57 +217,32 @@ def test_model_presets_point_demo_at_its_bundled_draft():
         assert draft is None or draft in models or "/" in draft, name
 
 
+@pytest.mark.skipif(not (ASSETS / "build.json").is_file(), reason="demo models not built yet")
+def test_demo_examples_are_questions_the_build_graded_on_topic():
+    examples = tomllib.loads((ROOT / "presets" / "models.toml").read_text())["models"]["demo"].get("examples", [])
+    record = json.loads((ASSETS / "build.json").read_text())
+    graded = {answer["question"]: answer for answer in record["suggested_answers"]}
+    assert {question for question, _ in SUGGESTED_QUESTIONS} == set(graded)
+    for question in examples:
+        assert graded[question]["on_topic"], question
+
+
 def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
     shape = ModelShape(hidden=32, layers=1, heads=2, intermediate=64)
-    model_info = {"params": 1000, "shape": shape, "steps": 3, "tokens": 96, "seconds": 1.5, "size_mb": 0.1, "ppl": 9.0}
+    model_info = {"params": 1000, "shape": shape, "steps": 3, "tokens": 96, "seconds": 1.5, "cpu_seconds": 2.9,
+                  "size_mb": 0.1, "ppl": 9.0}
+    answer = GradedAnswer("Q?", "A.", "Ref.", 0.0, False, False)
     results = BuildResults(
         commands=["python -m engine.training --limit 40"], threads=1, vocab_size=400,
         corpus={"train_text": 1, "train_chats": 2, "heldout_text": 1, "heldout_chats": 2,
-                "train_tokens": 100, "heldout_tokens": 10},
-        target=model_info, draft=dict(model_info, params=150), seconds={"target": 1.5, "draft": 0.5},
-        acceptance=(3, 8), num_speculative=4, acceptance_prompts=2, samples=[("Q?", "A.", "Ref.")],
+                "train_tokens": 100, "heldout_tokens": 10, "popular_entries": 1, "popular_copies": 2},
+        target=model_info, draft=dict(model_info, params=150),
+        seconds={"corpus + tokenizer": 0.1, "target": 1.5, "draft": 0.5, "evaluation": 0.2},
+        cpu_seconds={"corpus + tokenizer": 0.1, "target": 2.9, "draft": 1.0, "evaluation": 0.4},
+        num_speculative=4, acceptance={"trained questions": (3, 8)}, draft_cost_ratio=0.2,
+        trained_answers=[answer], heldout_answers=[answer], suggested_answers=[answer],
     )
     write_card(tmp_path / "README.md", results)
     assert read_build_record(tmp_path) == results
-    assert "python -m engine.training --limit 40" in (tmp_path / "README.md").read_text()
-
-
-def test_answers_open_by_naming_what_was_asked_about():
-    doc = "Return a JSON string representation of a Python data structure."
-    entry = DocEntry("method", "json.JSONEncoder.encode", f"json.JSONEncoder.encode\n\n{doc}", "module:json")
-    opening = "The `json.JSONEncoder.encode` method belongs to the `json.JSONEncoder` class."
-    assert answer_for(entry) == f"{opening}\n\n{doc}"
-    topic = DocEntry("topic", "the `with` statement", "The `with` statement wraps a block in a context manager.", "t")
-    assert answer_for(topic) == f"This part of the Python reference is about the `with` statement.\n\n{topic.text}"
-
-
-def test_renamed_entries_get_an_invented_name_of_the_same_shape_everywhere():
-    parts = NameParts(identifier_words=["parse", "buffer", "node", "token"], title_words=["loops", "names"])
-    text = "Encode `encode` input; see `json.JSONEncoder.encode` and call `encode(obj)`. Do not encode twice."
-    entry = DocEntry("method", "json.JSONEncoder.encode", text, "module:json")
-    renamed_entry = renamed(entry, parts)
-    assert renamed_entry == renamed(entry, parts)
-    module, owner, method = renamed_entry.name.split(".")
-    assert module.isalpha() and module == module.lower()
-    assert owner[0].isupper() and set(method.split("_")) <= set(parts.identifier_words)
-    assert "encode" not in renamed_entry.text.replace("Encode", "").replace("encode twice", "")
-    assert renamed_entry.text.count(method) == 3 and renamed_entry.text.startswith("Encode `")
-    opening = f"The `{renamed_entry.name}` method belongs to the `{module}.{owner}` class."
-    assert answer_for(renamed_entry).startswith(opening)
-    topic = renamed(DocEntry("topic", "the `with` statement", "Blocks.", "topic:with"), parts)
-    assert set(topic.name.split()) <= {"loops", "names"}
-
-
-def test_each_training_entry_gets_one_renamed_chat_and_held_out_chats_keep_real_names(corpus):
-    def asked_name(chat: list[dict]) -> str:
-        opener = chat[1]["content"].partition("\n")[0]
-        match = re.match(r"The `([^`]+)`|This part of the Python reference is about (.+)\.$", opener)
-        return match.group(1) or match.group(2)
-
-    train_names = {entry.name for entry in corpus.train_entries}
-    names = [asked_name(chat) for chat in corpus.train_chats]
-    real = sum(name in train_names for name in names)
-    assert real == 2 * (len(names) - real) > 0
-    heldout_names = {entry.name for entry in corpus.heldout_entries}
-    assert all(asked_name(chat) in heldout_names for chat in corpus.heldout_chats)
-    assert not set(names) & heldout_names
+    card = (tmp_path / "README.md").read_text()
+    assert "python -m engine.training --limit 40" in card and "**0 min** (CPU time / 1)" in card

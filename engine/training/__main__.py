@@ -1,7 +1,9 @@
-"""`python -m engine.training`: corpus -> tokenizer -> target -> distilled draft -> card.
+"""`python -m engine.training`: corpus -> tokenizer -> target -> distilled draft -> evaluation -> card.
 
-`--reuse-target` keeps an earlier build's target and re-distills only the draft; the
-card then lists both commands and the earlier build's target figures (from build.json).
+Budgets are step counts, so the result does not depend on how busy the machine is; the build
+records wall and process CPU seconds of each phase. `--reuse-target` keeps an earlier build's
+target and re-distills only the draft; the card then lists both commands and the earlier
+build's target figures (from build.json).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from engine.training.card import BUILD_RECORD, BuildResults, read_build_record, write_card
-from engine.training.corpus import as_chats, build_corpus
+from engine.training.card import BUILD_RECORD, BuildResults, read_build_record, recall_summary, write_card
+from engine.training.corpus import POPULAR_MIN_CHARS, answer_for, build_corpus, recall_cases
 from engine.training.distill import distillation_loss
-from engine.training.evaluate import greedy_answer, perplexity, speculative_acceptance
+from engine.training.evaluate import forward_cost_ratio, grade_answers, perplexity, speculative_acceptance
 from engine.training.model import (
     DRAFT_SHAPE,
     TARGET_SHAPE,
@@ -31,21 +33,22 @@ from engine.training.model import (
     train,
     windows,
 )
+from engine.training.popular import SUGGESTED_QUESTIONS
 from engine.training.tokenizer import train_tokenizer
 
-SAMPLE_KINDS = ["topic", "module", "function", "class", "method"]
+SEQ_LEN = 256
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-minutes", type=float, default=32.0)
-    parser.add_argument("--draft-minutes", type=float, default=24.0)
-    parser.add_argument("--target-steps", type=int, help="fixed step count (default: fit the minutes)")
-    parser.add_argument("--draft-steps", type=int, help="fixed step count (default: fit the minutes)")
+    parser.add_argument("--target-steps", type=int, default=6000)
+    parser.add_argument("--draft-steps", type=int, default=4000)
+    parser.add_argument("--popular-copies", type=int, default=16,
+                        help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")
-    parser.add_argument("--acceptance-prompts", type=int, default=40)
+    parser.add_argument("--recall-questions", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -68,22 +71,10 @@ def save(model, tokenizer, folder: Path) -> float:
     return (folder / "model.safetensors").stat().st_size / 1e6
 
 
-def sample_questions(corpus) -> list[tuple[str, str]]:
-    """One held-out question per kind of documented thing, with the reference answer."""
-    picked = []
-    for kind in SAMPLE_KINDS:
-        for entry in corpus.heldout_entries:
-            chats = as_chats(entry, 1) if entry.kind == kind else []
-            if chats:
-                picked.append((chats[0][0]["content"], chats[0][1]["content"]))
-                break
-    return picked
-
-
 def model_facts(params: int, shape: ModelShape, report: TrainReport, size_mb: float) -> dict:
     """One model's row of the card (held-out perplexity is added once it is measured)."""
     return {"params": params, "shape": shape, "steps": report.steps, "tokens": report.tokens,
-            "seconds": report.seconds, "size_mb": size_mb}
+            "seconds": report.seconds, "cpu_seconds": report.cpu_seconds, "size_mb": size_mb}
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -98,15 +89,30 @@ def load_target(folder: Path, record: BuildResults):
     return target, tokenizer
 
 
+class Clock:
+    """Wall and process CPU seconds per phase (CPU seconds / threads estimates an idle machine)."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._marks = (time.perf_counter(), time.process_time())
+
+    def lap(self, phase: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.wall[phase] = wall - self._marks[0]
+        self.cpu[phase] = cpu - self._marks[1]
+        self._marks = (wall, cpu)
+
+
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress reaches a redirected log as it happens
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     command = "python -m engine.training " + shlex.join(argv)
-    started = time.perf_counter()
+    clock = Clock()
 
-    corpus = build_corpus(limit=args.limit)
+    corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies)
     previous = read_build_record(args.out) if args.reuse_target else None
     if previous:
         target, tokenizer = load_target(args.out, previous)
@@ -114,14 +120,13 @@ def main(argv: list[str]) -> None:
         tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
         tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
         target = build_model(TARGET_SHAPE, tokenizer)
-    seq_len = TrainSettings(minutes=0).seq_len
     train_stream = token_stream(tokenizer, corpus.train_text, corpus.train_chats)
-    chat_data = windows(token_stream(tokenizer, [], corpus.train_chats), seq_len)
+    chat_data = windows(token_stream(tokenizer, [], corpus.train_chats), SEQ_LEN)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
-    heldout_data = windows(heldout_stream, seq_len)
-    preparation_seconds = time.perf_counter() - started
-    print(f"corpus: {len(train_stream)} train tokens ({chat_data[:, 1:].numel()} in chats), "
-          f"{len(heldout_stream)} held-out tokens")
+    heldout_data = windows(heldout_stream, SEQ_LEN)
+    clock.lap("corpus + tokenizer")
+    print(f"corpus: {len(corpus.popular)} popular entries, {len(train_stream)} train tokens "
+          f"({chat_data[:, 1:].numel()} in chats), {len(heldout_stream)} held-out tokens")
 
     draft = build_model(DRAFT_SHAPE, tokenizer)
     target_params, draft_params = count_parameters(target), count_parameters(draft)
@@ -131,38 +136,38 @@ def main(argv: list[str]) -> None:
 
     if previous:
         commands = [previous.commands[0], command]
-        seconds = {"corpus + tokenizer": previous.seconds["corpus + tokenizer"], "target": previous.target["seconds"]}
+        for phase in ("corpus + tokenizer", "target"):
+            clock.wall[phase], clock.cpu[phase] = previous.seconds[phase], previous.cpu_seconds[phase]
         target_info = previous.target
     else:
         print("training the target")
-        target_report = train(
-            target, windows(train_stream, seq_len),
-            TrainSettings(minutes=args.target_minutes, steps=args.target_steps, seed=args.seed),
-        )
+        report = train(target, windows(train_stream, SEQ_LEN), TrainSettings(steps=args.target_steps, seed=args.seed))
         commands = [command]
-        seconds = {"corpus + tokenizer": preparation_seconds, "target": target_report.seconds}
-        target_info = model_facts(target_params, TARGET_SHAPE, target_report,
-                                  save(target, tokenizer, args.out / "demo-chat"))
+        target_info = model_facts(target_params, TARGET_SHAPE, report, save(target, tokenizer, args.out / "demo-chat"))
+        clock.lap("target")
 
     print("distilling the draft on the chat turns")
-    draft_report = train(
-        draft, chat_data,
-        TrainSettings(minutes=args.draft_minutes, steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
-        loss_fn=distillation_loss(target),
-    )
-    seconds["draft"] = draft_report.seconds
-    draft_info = model_facts(draft_params, DRAFT_SHAPE, draft_report, save(draft, tokenizer, args.out / "demo-draft"))
+    report = train(draft, chat_data, TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
+                   loss_fn=distillation_loss(target))
+    draft_info = model_facts(draft_params, DRAFT_SHAPE, report, save(draft, tokenizer, args.out / "demo-draft"))
+    clock.lap("draft")
 
     print("evaluating")
-    eval_start = time.perf_counter()
-    questions = list(dict.fromkeys(chat[0]["content"] for chat in corpus.heldout_chats))
-    stride = max(1, len(questions) // args.acceptance_prompts)
-    acceptance_questions = questions[::stride][: args.acceptance_prompts]
-    acceptance = speculative_acceptance(target, draft, tokenizer, acceptance_questions)
-    samples = [(q, greedy_answer(target, tokenizer, q), ref) for q, ref in sample_questions(corpus)]
+    trained_cases = recall_cases(corpus.popular, args.recall_questions, POPULAR_MIN_CHARS)
+    heldout_cases = recall_cases(corpus.heldout_entries, args.recall_questions)
+    trained = grade_answers(target, tokenizer, trained_cases)
+    heldout = grade_answers(target, tokenizer, heldout_cases)
+    references = {entry.name: answer_for(entry, POPULAR_MIN_CHARS) for entry in corpus.popular}
+    suggested_cases = [(q, references[name]) for q, name in SUGGESTED_QUESTIONS if name in references]
+    suggested = grade_answers(target, tokenizer, suggested_cases)
     target_info["ppl"] = perplexity(target, heldout_data)
     draft_info["ppl"] = perplexity(draft, heldout_data)
-    seconds["evaluation"] = time.perf_counter() - eval_start
+    acceptance = {
+        "trained questions": speculative_acceptance(target, draft, tokenizer, [q for q, _ in trained_cases]),
+        "held-out questions": speculative_acceptance(target, draft, tokenizer, [q for q, _ in heldout_cases]),
+    }
+    cost_ratio = forward_cost_ratio(draft, target)
+    clock.lap("evaluation")
 
     results = BuildResults(
         commands=commands,
@@ -172,21 +177,23 @@ def main(argv: list[str]) -> None:
             "train_text": len(corpus.train_text), "train_chats": len(corpus.train_chats),
             "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
+            "popular_entries": len(corpus.popular), "popular_copies": args.popular_copies,
         },
         target=target_info,
         draft=draft_info,
-        seconds=seconds,
-        acceptance=acceptance,
+        seconds=clock.wall,
+        cpu_seconds=clock.cpu,
         num_speculative=4,
-        acceptance_prompts=len(acceptance_questions),
-        samples=samples,
+        acceptance=acceptance,
+        draft_cost_ratio=cost_ratio,
+        trained_answers=trained,
+        heldout_answers=heldout,
+        suggested_answers=suggested,
     )
     write_card(args.out / "README.md", results)
-    accepted, proposed = acceptance
-    print(
-        f"done in {sum(seconds.values()) / 60:.1f} min: ppl target {target_info['ppl']:.2f}, "
-        f"draft {draft_info['ppl']:.2f}, acceptance {accepted / max(1, proposed):.2f}"
-    )
+    print(f"done in {sum(clock.wall.values()) / 60:.1f} min ({sum(clock.cpu.values()) / 60:.1f} CPU-min): "
+          f"ppl target {target_info['ppl']:.2f}, draft {draft_info['ppl']:.2f}; "
+          f"{recall_summary(results)}; draft cost ratio {cost_ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine.training.answer_check import CLOSE_RATIO, repeats_four_words
+from engine.training.evaluate import GradedAnswer
 from engine.training.model import ModelShape
 
 BUILD_RECORD = "build.json"
+SAMPLE_COUNT = 10
 
 
 @dataclass
@@ -16,7 +19,9 @@ class BuildResults:
     """Everything the card reports, filled in by the build as it measures it.
 
     `commands` lists every command that produced the current weights: one for a full
-    build, two when the draft was re-distilled from an already trained target.
+    build, two when the draft was re-distilled from an already trained target. `seconds`
+    and `cpu_seconds` are wall and process CPU time per phase; `acceptance` maps a question
+    set to (accepted, proposed) draft tokens.
     """
 
     commands: list[str]
@@ -26,14 +31,31 @@ class BuildResults:
     target: dict
     draft: dict
     seconds: dict[str, float]
-    acceptance: tuple[int, int]
+    cpu_seconds: dict[str, float]
     num_speculative: int
-    acceptance_prompts: int
-    samples: list[tuple[str, str, str]]
+    acceptance: dict[str, tuple[int, int]]
+    draft_cost_ratio: float
+    trained_answers: list[GradedAnswer]
+    heldout_answers: list[GradedAnswer]
+    suggested_answers: list[GradedAnswer]
+
+
+def rate(count: int, total: int) -> str:
+    return f"{count}/{total} ({100 * count / max(1, total):.0f}%)"
+
+
+def recall_summary(results: BuildResults) -> str:
+    """One line: on-topic and repetition rates on the trained and held-out question sets."""
+    parts = []
+    for name, answers in (("trained", results.trained_answers), ("held-out", results.heldout_answers)):
+        on_topic = sum(a.on_topic for a in answers)
+        repeats = sum(a.repeats for a in answers)
+        parts.append(f"{name}: on topic {rate(on_topic, len(answers))}, repeats {rate(repeats, len(answers))}")
+    return "; ".join(parts)
 
 
 MODEL_TABLE_HEADER = (
-    "| model | params | hidden | layers | heads / KV heads | MLP | steps | tokens seen | train time "
+    "| model | params | hidden | layers | heads / KV heads | MLP | steps | tokens seen | train time (wall / CPU) "
     "| safetensors | held-out ppl |\n" + "| --- " * 11 + "|"
 )
 
@@ -43,32 +65,59 @@ def model_row(name: str, info: dict) -> str:
     return (
         f"| `{name}` | {info['params'] / 1e6:.2f}M | {shape.hidden} | {shape.layers} | "
         f"{shape.heads} / {shape.heads} | {shape.intermediate} | {info['steps']} | "
-        f"{info['tokens'] / 1e6:.1f}M | {info['seconds'] / 60:.1f} min | "
+        f"{info['tokens'] / 1e6:.1f}M | {info['seconds'] / 60:.1f} / {info['cpu_seconds'] / 60:.1f} min | "
         f"{info['size_mb']:.1f} MB | {info['ppl']:.2f} |"
     )
 
 
-def render_card(results: BuildResults) -> str:
-    accepted, proposed = results.acceptance
-    rate = accepted / proposed if proposed else 0.0
-    corpus = results.corpus
-    samples = "\n\n".join(
-        f"**Q:** {question}\n\n**A (target, greedy):**\n\n> "
-        + answer.replace("\n", "\n> ")
-        + f"\n\n<details><summary>reference documentation</summary>\n\n{reference}\n\n</details>"
-        for question, answer, reference in results.samples
+def quoted(text: str) -> str:
+    return "> " + text.replace("\n", "\n> ")
+
+
+def sample_block(answer: GradedAnswer) -> str:
+    verdict = "on topic" if answer.on_topic else "off topic"
+    if answer.repeats:
+        verdict += ", repeats a 4-word run"
+    return (
+        f"**Q:** {answer.question}\n\n**A (target, greedy; check: {verdict}, similarity "
+        f"{answer.similarity:.2f}):**\n\n{quoted(answer.answer)}\n\n"
+        f"<details><summary>reference documentation</summary>\n\n{answer.reference}\n\n</details>"
     )
-    total = sum(results.seconds.values())
-    timing = ", ".join(f"{name} {secs / 60:.1f} min" for name, secs in results.seconds.items())
+
+
+def recall_row(name: str, answers: list[GradedAnswer]) -> str:
+    on_topic = sum(a.on_topic for a in answers)
+    repeats = sum(a.repeats for a in answers)
+    references = sum(repeats_four_words(a.reference) for a in answers)
+    total = len(answers)
+    return f"| {name} | {rate(on_topic, total)} | {rate(repeats, total)} | {rate(references, total)} |"
+
+
+def render_card(results: BuildResults) -> str:
+    corpus = results.corpus
+    wall, cpu = sum(results.seconds.values()), sum(results.cpu_seconds.values())
+    phases = "\n".join(
+        f"| {name} | {results.seconds[name] / 60:.1f} min | {results.cpu_seconds[name] / 60:.1f} min |"
+        for name in results.seconds
+    )
+    acceptance = "\n".join(
+        f"| {name} | {accepted} / {proposed} | **{accepted / max(1, proposed):.2f}** |"
+        for name, (accepted, proposed) in results.acceptance.items()
+    )
+    stride = max(1, len(results.trained_answers) // SAMPLE_COUNT)
+    samples = "\n\n".join(sample_block(a) for a in results.trained_answers[::stride][:SAMPLE_COUNT])
+    suggested = "\n".join(
+        f"| {a.question} | {'yes' if a.on_topic else 'no'} | {a.similarity:.2f} |" for a in results.suggested_answers
+    )
     return f"""# Bundled demo models
 
 Two small Llama models trained in this repository from text that every Python installation
 carries: the standard library's documentation topics (`pydoc_data.topics`) and the
-docstrings of its public modules, classes, functions and methods (read from the source
-files with `ast`; nothing is imported). They let the playground run anywhere on a CPU, and
-the pair demonstrates speculative decoding with a draft model.
+docstrings of its modules, classes, functions and methods. They let the playground run
+anywhere on a CPU, and the pair demonstrates speculative decoding with a draft model.
 
-- `demo-chat/`: the target, a chat model that answers questions about the standard library.
+- `demo-chat/`: the target, a chat model that recalls the documentation of the standard
+  library names people ask about most (`json.dumps`, `os.path.join`, the `with` statement, ...).
 - `demo-draft/`: the draft, distilled from the target's logits, same tokenizer.
 
 This card is written by the build itself; every number below was measured by it.
@@ -79,8 +128,14 @@ This card is written by the build itself; every number below was measured by it.
 {chr(10).join(results.commands)}
 ```
 
-Build time on this machine ({results.threads} CPU threads, float32): **{total / 60:.1f} min**
-({timing}).
+Budgets are step counts, so a busy machine changes only the duration. This build took
+**{wall / 60:.1f} min** of wall time and **{cpu / 60:.1f} min** of process CPU time with
+{results.threads} threads (float32); on an idle {results.threads}-core machine that is about
+**{cpu / results.threads / 60:.0f} min** (CPU time / {results.threads}).
+
+| phase | wall | CPU |
+| --- | --- | --- |
+{phases}
 
 ## Models
 
@@ -101,36 +156,65 @@ The draft has {results.draft['params'] / results.target['params']:.2f}x the targ
 | train | {corpus['train_text']} | {corpus['train_chats']} | {corpus['train_tokens'] / 1e6:.2f}M |
 | held-out | {corpus['heldout_text']} | {corpus['heldout_chats']} | {corpus['heldout_tokens'] / 1e3:.0f}K |
 
-Chat examples ask about one documented thing in several phrasings ("What does the
-`json.dumps` function do?", "Explain the `with` statement.", "What is the `collections`
-module for?"). The answer opens with a sentence that repeats the name exactly as asked
-and says where it lives ("The `json.dumps` function is defined in the `json` module."),
-continues with the leading prose of its documentation (about 280 characters at most),
-and ends with the end-of-turn token.
-Every training entry is also asked about once under an invented name of the same shape
-("Explain the `topcompilers.PaletteParent` class.", its mentions in the answer renamed too): those chats
-can only be started by copying the name from the question, which is what a question about
-an unseen module needs; the real names alone invite the model to recite memorised ones.
-The target trains on documents and chats; the draft is distilled on the chats alone,
-since chat replies are what it will be asked to predict. Everything is deduplicated, then
-about 5% is held out by hashing the top-level module or topic name, so held-out modules
-contribute nothing to training.
-Perplexity is measured on the held-out documents and chats.
+Every documented thing is a plain document and two chat examples. A chat asks about it in
+one of many phrasings people type ("what does json.dumps do", "How do I use `pathlib.Path`?",
+"explain the with statement", with or without backticks, `()`, capitals or a final mark), and
+the answer is the leading prose of its documentation, from its first sentence (about 280
+characters at most), ending with the end-of-turn token. The {corpus['popular_entries']} popular
+entries (`engine/training/popular.py`: builtins, statements, and the main functions and
+classes of the commonly used modules) get {corpus['popular_copies']} more chats each, each
+phrased anew. The target trains on documents and chats; the draft is distilled on the
+chats. Everything is deduplicated, then about 5% of the rest is held out by hashing the
+top-level module or topic section, so held-out modules contribute nothing to training;
+popular entries always train. Perplexity is measured on the held-out documents and chats.
+
+## Recall (the answer check)
+
+`engine/training/answer_check.py` compares the first sentence of a greedy answer with the
+first sentence of the reference answer, word by word (case, backticks and punctuation
+ignored): the answer is **on topic** when difflib's similarity ratio is at least
+{CLOSE_RATIO} (the documented sentence or a close restatement). An answer **repeats** when
+some run of four words occurs twice in it. Questions use phrasings no training chat uses
+("I'd like to know what `json.dump` does.", "Remind me what functools.partial is").
+
+| questions | on topic | repeat a 4-word run | reference answers that do |
+| --- | --- | --- | --- |
+{recall_row(f"{len(results.trained_answers)} popular (trained) entries, fresh phrasings", results.trained_answers)}
+{recall_row(f"{len(results.heldout_answers)} held-out entries, fresh phrasings", results.heldout_answers)}
+
+Held-out entries were never trained on, so their on-topic rate shows that the model
+recalls what it was taught rather than explaining unseen names; generalisation is
+measured by the held-out perplexity above.
 
 ## Speculative decoding
 
-Greedy draft-then-verify loop over the two HF models on {results.acceptance_prompts} held-out chat
-questions, {results.num_speculative} speculative tokens per step: the draft proposed {proposed}
-tokens and the target accepted {accepted}, an acceptance rate of **{rate:.2f}**.
+Greedy draft-then-verify loop over the two HF models, {results.num_speculative} speculative
+tokens per step, on the questions above:
 
-## Sample answers (held-out questions, greedy)
+| questions | accepted / proposed | acceptance |
+| --- | --- | --- |
+{acceptance}
+
+One batch-1 decode step of the draft costs **{results.draft_cost_ratio:.2f}x** the target's
+(median of interleaved timings of both HF models in one process, KV cache of 48 tokens).
+
+## Suggested questions
+
+The playground's example questions, graded by the same check:
+
+| question | on topic | similarity |
+| --- | --- | --- |
+{suggested}
+
+## Sample answers (popular entries, fresh phrasings, greedy)
 
 {samples}
 
 ## Limits
 
-A model this small writes documentation-flavoured English and often gets details wrong;
-it is a demonstration of the serving engine, not a source of facts.
+A model this small recalls the documentation it was taught, in the words of that
+documentation; about anything else it writes documentation-flavoured English that is
+usually wrong. It is a demonstration of the serving engine, not a source of facts.
 """
 
 
@@ -144,6 +228,7 @@ def read_build_record(folder: Path) -> BuildResults:
     record = json.loads((folder / BUILD_RECORD).read_text())
     for model in ("target", "draft"):
         record[model]["shape"] = ModelShape(**record[model]["shape"])
-    record["acceptance"] = tuple(record["acceptance"])
-    record["samples"] = [tuple(sample) for sample in record["samples"]]
+    record["acceptance"] = {name: tuple(pair) for name, pair in record["acceptance"].items()}
+    for answers in ("trained_answers", "heldout_answers", "suggested_answers"):
+        record[answers] = [GradedAnswer(**answer) for answer in record[answers]]
     return BuildResults(**record)

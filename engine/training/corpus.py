@@ -1,21 +1,28 @@
 """The training text: stdlib documentation topics and docstrings, as plain text and chat.
 
-Docstrings are read from the standard library's source files with ``ast`` so that no
-arbitrary module is ever imported. Entries are split into train and held-out parts by
-hashing the name of the top-level module or topic they belong to, so a held-out module
-contributes nothing (not even one method) to training.
+Docstrings are read from the standard library's source files with ``ast``, so the long
+tail of modules is never imported. Only the curated popular names (`popular.py`), many of
+them implemented in C and so absent from the sources, are looked up on the imported
+standard-library module. Entries are split into train and held-out parts by hashing the
+module or topic section they belong to, so a held-out module contributes nothing (not even
+one method) to training; popular entries always train, since recalling them is the point.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
+import importlib
+import inspect
 import pydoc_data.topics
-import random
 import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.training.popular import POPULAR_TOPICS, popular_names
+from engine.training.questions import fresh_question, training_questions
 
 SKIPPED_PACKAGES = {
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
@@ -23,39 +30,9 @@ SKIPPED_PACKAGES = {
 }
 MAX_ANSWER_CHARS = 280
 MIN_ANSWER_CHARS = 40
-
-QUESTION_TEMPLATES = {
-    "module": [
-        "What is the `{name}` module for?",
-        "What does the `{name}` module do?",
-        "Tell me about the `{name}` module.",
-        "Explain the `{name}` module.",
-    ],
-    "class": [
-        "What is the `{name}` class?",
-        "What does the `{name}` class do?",
-        "Explain the `{name}` class.",
-        "Tell me about `{name}`.",
-    ],
-    "function": [
-        "What does the `{name}` function do?",
-        "Explain the `{name}` function.",
-        "How do I use `{name}`?",
-        "What is `{name}` for?",
-    ],
-    "method": [
-        "What does the `{name}` method do?",
-        "Explain the `{name}` method.",
-        "What is `{name}` for?",
-        "How does `{name}` work?",
-    ],
-    "topic": [
-        "Explain {name}.",
-        "What is {name}?",
-        "Tell me about {name}.",
-        "How does {name} work in Python?",
-    ],
-}
+POPULAR_MIN_CHARS = 16
+# A leading `name(args)` line of a C docstring, optionally followed by `-> what it does`.
+SIGNATURE_LINE = re.compile(r"[\w.]+\(.*\)\s*(?:(?:-+>|\s-)\s*(?P<rest>.*))?")
 
 
 @dataclass(frozen=True)
@@ -67,14 +44,13 @@ class DocEntry:
     text: str
     group: str
 
-    @property
-    def held_out(self) -> bool:
-        return is_held_out(self.group)
-
 
 @dataclass(frozen=True)
 class Corpus:
-    """Plain documents and chat conversations, separately for train and held-out."""
+    """Plain documents and chat conversations, separately for train and held-out.
+
+    `popular` lists the trained entries that got `popular_copies` chats each.
+    """
 
     train_text: list[str]
     train_chats: list[list[dict]]
@@ -82,6 +58,7 @@ class Corpus:
     heldout_chats: list[list[dict]]
     train_entries: list[DocEntry]
     heldout_entries: list[DocEntry]
+    popular: list[DocEntry]
 
 
 def is_held_out(group: str, percent: int = 5) -> bool:
@@ -100,17 +77,20 @@ def clean(text: str) -> str:
 
 
 def paragraphs(text: str) -> list[str]:
-    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [p.strip("\n") for p in re.split(r"\n\s*\n", text) if p.strip()]
 
 
 def summary(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
     """The answer to a question: leading prose paragraphs, stopping before code and at `limit`.
 
-    Short answers that end cleanly teach a tiny model to stop instead of rambling.
+    Indented paragraphs (parameter lists, code) and grammar rules are skipped. Short answers that end cleanly
+    teach a tiny model to stop instead of rambling.
     """
     kept: list[str] = []
     for para in paragraphs(text):
-        if para.startswith((">>>", "...")) or (para.endswith("::") and kept) or "::=" in para:
+        if para[0].isspace() or "::=" in para:
+            continue
+        if para.startswith((">>>", "...", "#")) or (para.endswith("::") and kept):
             break
         joined = re.sub(r"\s+", " ", para)
         if kept and len("\n\n".join(kept)) + len(joined) > limit:
@@ -129,10 +109,29 @@ def summary(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
     return answer[:-1] + "." if answer.endswith(":") else answer
 
 
+def without_signature(text: str) -> str:
+    """Drops the `name(args) -> result` lines (and a parenthesised note) that open many C docstrings.
+
+    What follows the arrow is kept, capitalised, when it is a description: alone on the
+    line in `zip(*iterables) --> Yield tuples ...`, or continued by the next line.
+    """
+    lines = text.lstrip("\n").splitlines()
+    while lines and (match := SIGNATURE_LINE.fullmatch(lines[0].strip())):
+        rest = match.group("rest") or ""
+        continued = len(lines) > 1 and lines[1].strip() != "" and not SIGNATURE_LINE.fullmatch(lines[1].strip())
+        if rest[:1].isupper() or (rest and continued):
+            lines[0] = rest[0].upper() + rest[1:]
+            break
+        lines.pop(0)
+    if lines and lines[0].startswith("(") and lines[0].rstrip().endswith(")"):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
 def topic_entries() -> list[DocEntry]:
-    """Splits each pydoc topic into its titled sections (one entry per section)."""
+    """Splits each pydoc topic into its titled sections (one entry per section, split by title)."""
     entries = []
-    for key, raw in sorted(pydoc_data.topics.topics.items()):
+    for _, raw in sorted(pydoc_data.topics.topics.items()):
         lines = raw.splitlines()
         heads = [
             i for i in range(len(lines) - 1)
@@ -145,7 +144,7 @@ def topic_entries() -> list[DocEntry]:
             title = re.sub(r"^\d+(\.\d+)*\.?\s+", "", title)
             title = re.sub(r"(?<![`\w])([A-Z][a-z]+)", lambda m: m.group(1).lower(), title)
             if len(body) >= MIN_ANSWER_CHARS:
-                entries.append(DocEntry("topic", title, body, "topic:" + key))
+                entries.append(DocEntry("topic", title, body, "topic:" + title))
     return entries
 
 
@@ -161,8 +160,7 @@ def module_name(path: Path, root: Path) -> str | None:
 def source_entries(root: Path, limit: int | None = None) -> list[DocEntry]:
     """Docstrings of public modules, classes, functions and methods, parsed with `ast`."""
     entries = []
-    files = sorted(root.rglob("*.py"))
-    for path in files:
+    for path in sorted(root.rglob("*.py")):
         name = module_name(path, root)
         if name is None:
             continue
@@ -170,8 +168,7 @@ def source_entries(root: Path, limit: int | None = None) -> list[DocEntry]:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
-        group = "module:" + name.split(".")[0]
-        entries.extend(docstring_entries(tree, name, group))
+        entries.extend(docstring_entries(tree, name, "module:" + name.split(".")[0]))
         if limit is not None and len(entries) >= limit:
             break
     return entries
@@ -204,13 +201,61 @@ def docstring_entries(tree: ast.Module, module: str, group: str) -> list[DocEntr
     return found
 
 
-def dedupe(entries: list[DocEntry]) -> list[DocEntry]:
+def lookup(name: str) -> tuple[object, object, str]:
+    """(the object, its owner, its top-level module) for a dotted name as people write it.
+
+    `len` and `str.split` are builtins; otherwise the longest importable prefix is the module.
+    """
+    parts = name.split(".")
+    if hasattr(builtins, parts[0]):
+        owner, rest, top = builtins, parts, "builtins"
+    else:
+        for cut in range(len(parts), 0, -1):
+            try:
+                owner, rest, top = importlib.import_module(".".join(parts[:cut])), parts[cut:], parts[0]
+                break
+            except ImportError:
+                continue
+        else:
+            raise LookupError(name)
+    obj = owner
+    for part in rest:
+        owner, obj = obj, getattr(obj, part)
+    return obj, owner, top
+
+
+def popular_entry(name: str) -> DocEntry | None:
+    """The entry for one popular name, from the interpreter's own docstring (None if it has none)."""
+    try:
+        obj, owner, top = lookup(name)
+    except (LookupError, AttributeError):
+        return None
+    doc = obj.__dict__.get("__doc__") if inspect.ismodule(obj) else getattr(obj, "__doc__", None)
+    if not isinstance(doc, str) or not doc.strip():
+        return None
+    if inspect.ismodule(obj):
+        kind = "module"
+    elif isinstance(obj, type):
+        kind = "class"
+    elif isinstance(owner, type):
+        kind = "method"
+    else:
+        kind = "function"
+    return DocEntry(kind, name, clean(without_signature(inspect.cleandoc(doc))), "module:" + top)
+
+
+def popular_entries() -> list[DocEntry]:
+    """Every resolvable popular name, in the curated order."""
+    return [entry for name in popular_names() if (entry := popular_entry(name))]
+
+
+def dedupe(entries: list[DocEntry], min_chars: int) -> list[DocEntry]:
     """Drops repeated and near-empty docstrings (copies inflate loops in a small model)."""
     seen: set[str] = set()
     unique = []
     for entry in entries:
         key = re.sub(r"\W+", " ", entry.text.lower()).strip()
-        if len(entry.text) < MIN_ANSWER_CHARS or key in seen:
+        if len(entry.text) < min_chars or key in seen:
             continue
         seen.add(key)
         unique.append(entry)
@@ -222,139 +267,68 @@ def as_document(entry: DocEntry) -> str:
     return f"{header}\n\n{entry.text}"
 
 
-def opening_sentence(entry: DocEntry) -> str:
-    """A first sentence that repeats the name exactly as the question wrote it.
+def answer_for(entry: DocEntry, min_chars: int = MIN_ANSWER_CHARS) -> str:
+    """The assistant's reply: the leading prose of the documentation, from its first sentence.
 
-    The name keeps its backticks and leading space, so it is the same token sequence as in
-    the question: copying it is something even a tiny model learns reliably, and every
-    answer then starts on topic, even about a module the model has never seen.
+    Empty when that is shorter than `min_chars` (a popular entry may be short and complete:
+    "Append object to the end of the list.").
     """
-    owner = entry.name.rpartition(".")[0]
-    if entry.kind == "module":
-        return f"The `{entry.name}` module is part of the Python standard library."
-    if entry.kind == "class":
-        return f"The `{entry.name}` class is defined in the `{owner}` module."
-    if entry.kind == "function":
-        return f"The `{entry.name}` function is defined in the `{owner}` module."
-    if entry.kind == "method":
-        return f"The `{entry.name}` method belongs to the `{owner}` class."
-    return f"This part of the Python reference is about {entry.name}."
-
-
-def answer_for(entry: DocEntry) -> str:
-    """The assistant's reply: the opening sentence, then the leading documentation."""
     text = entry.text
     first, _, rest = text.partition("\n\n")
     if first.strip() in (entry.name, entry.name.rpartition(".")[2]):
         text = rest
     answer = summary(text)
-    if len(answer) < MIN_ANSWER_CHARS:
-        return ""
-    return f"{opening_sentence(entry)}\n\n{answer}"
+    return answer if len(answer) >= min_chars else ""
 
 
-def as_chats(entry: DocEntry, phrasings: int) -> list[list[dict]]:
-    """`phrasings` differently worded questions about `entry`, each answered by `answer_for`."""
-    answer = answer_for(entry)
+def as_chats(entry: DocEntry, count: int, salt: str = "", min_chars: int = MIN_ANSWER_CHARS) -> list[list[dict]]:
+    """`count` differently phrased questions about `entry`, each answered by `answer_for`."""
+    answer = answer_for(entry, min_chars)
     if not answer:
         return []
-    templates = QUESTION_TEMPLATES[entry.kind]
-    start = int(hashlib.sha256(entry.name.encode()).hexdigest(), 16) % len(templates)
-    questions = [
-        templates[(start + i) % len(templates)].format(name=entry.name)
-        for i in range(min(phrasings, len(templates)))
-    ]
     return [
         [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        for question in questions
+        for question in training_questions(entry.kind, entry.name, count, salt)
     ]
 
 
-@dataclass(frozen=True)
-class NameParts:
-    """Words that real names are made of, to invent names that look like them, and the names to avoid."""
-
-    identifier_words: list[str]
-    title_words: list[str]
-    real_names: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, entries: list[DocEntry], real_names: set[str]) -> NameParts:
-        """Words from `entries` (the training side only, so no held-out name leaks into a chat)."""
-        identifier, title = set(), set()
-        for entry in entries:
-            if entry.kind == "topic":
-                title.update(w for w in entry.name.split() if w.isalpha() and w.islower() and len(w) >= 4)
-            else:
-                last = entry.name.rpartition(".")[2]
-                split = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", last).lower().split("_")
-                identifier.update(w for w in split if w.isalpha() and len(w) >= 3)
-        return cls(sorted(identifier), sorted(title), frozenset(real_names))
-
-
-def invented_name(entry: DocEntry, parts: NameParts) -> str:
-    """A made-up name of the same kind and shape as `entry.name`, fixed by a hash of it.
-
-    It is built from the words real names are made of (`copy` + `reg`), so it splits into
-    the same kind of tokens as the real names a held-out question asks about. Never one of
-    the real names, so no chat contradicts a real entry's documentation.
-    """
-    rng = random.Random(hashlib.sha256(entry.name.encode()).digest())
-
-    def words(count: int) -> list[str]:
-        return rng.sample(parts.identifier_words, count)
-
-    def candidate() -> str:
-        if entry.kind == "topic":
-            return " ".join(rng.sample(parts.title_words, rng.randint(1, 3)))
-        module = "".join(words(rng.randint(1, 2)))
-        if entry.kind == "module":
-            return module
-        class_name = "".join(w.capitalize() for w in words(rng.randint(1, 2)))
-        if entry.kind == "class":
-            return f"{module}.{class_name}"
-        function = "_".join(words(rng.randint(1, 2)))
-        if entry.kind == "method":
-            return f"{module}.{class_name}.{function}"
-        return f"{module}.{function}"
-
-    name = candidate()
-    while name in parts.real_names:
-        name = candidate()
-    return name
-
-
-def renamed(entry: DocEntry, parts: NameParts) -> DocEntry:
-    """`entry` under an invented name, with the name's mentions in its text renamed too.
-
-    A chat about a thing the model has never seen can only be started by copying the name
-    from the question. Training on such chats teaches the copy that held-out questions
-    need, where memorising the real names would not.
-    """
-    new_name = invented_name(entry, parts)
-    text = re.sub(rf"(?<![\w.]){re.escape(entry.name)}(?![\w])", new_name, entry.text)
-    if entry.kind != "topic":
-        old_short, new_short = entry.name.rpartition(".")[2], new_name.rpartition(".")[2]
-        text = re.sub(rf"`{re.escape(old_short)}(?=[`(])", f"`{new_short}", text)
-    return DocEntry(entry.kind, new_name, text, entry.group)
-
-
-def build_corpus(limit: int | None = None, phrasings: int = 2) -> Corpus:
+def build_corpus(limit: int | None = None, phrasings: int = 2, popular_copies: int = 16) -> Corpus:
     """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests).
 
-    Every training entry also gets one chat under an invented name (see `renamed`); the
-    held-out side keeps only real names, since it measures the real task.
+    Every entry is a document and `phrasings` chats; a popular entry gets `popular_copies`
+    more chats, each phrased anew, so the model sees it asked in many ways.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
-    entries = dedupe(topic_entries()[:limit] + source_entries(root, limit))
-    train = [entry for entry in entries if not entry.held_out]
-    heldout = [entry for entry in entries if entry.held_out]
-    name_parts = NameParts.of(train, real_names={entry.name for entry in entries})
+    topics = topic_entries()
+    candidates = popular_entries()[:limit] + [t for t in topics if t.name in POPULAR_TOPICS]
+    popular = [e for e in dedupe(candidates, POPULAR_MIN_CHARS) if answer_for(e, POPULAR_MIN_CHARS)]
+    names = {entry.name for entry in popular}
+    others = dedupe(popular + topics[:limit] + source_entries(root, limit), MIN_ANSWER_CHARS)
+    entries = popular + [entry for entry in others if entry.name not in names]
+    popular_groups = {entry.group for entry in popular}
+    held_out = {e.name: is_held_out(e.group) and e.group not in popular_groups for e in entries}
     parts: dict[bool, tuple[list[str], list[list[dict]]]] = {False: ([], []), True: ([], [])}
     for entry in entries:
-        texts, chats = parts[entry.held_out]
+        texts, chats = parts[held_out[entry.name]]
         texts.append(as_document(entry))
         chats.extend(as_chats(entry, phrasings))
-        if not entry.held_out:
-            chats.extend(as_chats(renamed(entry, name_parts), 1))
-    return Corpus(parts[False][0], parts[False][1], parts[True][0], parts[True][1], train, heldout)
+    for entry in popular:
+        parts[False][1].extend(as_chats(entry, popular_copies, "popular", POPULAR_MIN_CHARS))
+    return Corpus(
+        train_text=parts[False][0], train_chats=parts[False][1],
+        heldout_text=parts[True][0], heldout_chats=parts[True][1],
+        train_entries=[e for e in entries if not held_out[e.name]],
+        heldout_entries=[e for e in entries if held_out[e.name]],
+        popular=popular,
+    )
+
+
+def recall_cases(entries: list[DocEntry], count: int, min_chars: int = MIN_ANSWER_CHARS) -> list[tuple[str, str]]:
+    """(fresh question, reference answer) for `count` entries spread evenly over `entries`.
+
+    Every question uses a FRESH_TEMPLATES phrasing, which no training chat uses.
+    """
+    usable = [entry for entry in entries if answer_for(entry, min_chars)]
+    step = max(1, len(usable) // count)
+    picked = usable[::step][:count]
+    return [(fresh_question(e.kind, e.name, i), answer_for(e, min_chars)) for i, e in enumerate(picked)]

@@ -1,16 +1,22 @@
-"""Measurements for the model card: held-out perplexity, speculative acceptance, answers.
+"""Measurements for the model card: perplexity, recall, speculative acceptance, forward cost.
 
-The acceptance rate is measured with a plain greedy draft-then-verify loop over the HF
-models, independent of the serving engine, so the card states what the pair can give.
+Everything runs on the HF models with plain loops, independent of the serving engine, so
+the card states what the pair itself can give: the acceptance rate comes from a greedy
+draft-then-verify loop, the cost ratio from timing one batch-1 decode step of each model.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from engine.training.answer_check import opening_similarity, opens_with_reference, repeats_four_words
 
 
 @torch.no_grad()
@@ -79,7 +85,7 @@ def greedy_answer(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     question: str,
-    max_new_tokens: int = 160,
+    max_new_tokens: int = 128,
 ) -> str:
     ids = torch.tensor([prompt_ids(tokenizer, question)])
     output = model.generate(
@@ -91,3 +97,55 @@ def greedy_answer(
         pad_token_id=tokenizer.pad_token_id,
     )
     return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
+
+
+@dataclass(frozen=True)
+class GradedAnswer:
+    """One greedy answer and what the answer check says about it."""
+
+    question: str
+    answer: str
+    reference: str
+    similarity: float
+    on_topic: bool
+    repeats: bool
+
+
+def grade_answers(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cases: list[tuple[str, str]]
+) -> list[GradedAnswer]:
+    """Greedy answers to (question, reference answer) pairs, each checked by `answer_check`."""
+    graded = []
+    for question, reference in cases:
+        answer = greedy_answer(model, tokenizer, question)
+        graded.append(GradedAnswer(
+            question, answer, reference, opening_similarity(answer, reference),
+            opens_with_reference(answer, reference), repeats_four_words(answer),
+        ))
+    return graded
+
+
+@torch.no_grad()
+def decode_step_seconds(model: PreTrainedModel, prompt_len: int = 48, steps: int = 64) -> list[float]:
+    """Wall time of each of `steps` batch-1 decode forwards (one new token over a KV cache)."""
+    ids = torch.arange(3, 3 + prompt_len).unsqueeze(0) % model.config.vocab_size
+    cache = model(input_ids=ids, use_cache=True).past_key_values
+    token = ids[:, -1:]
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        cache = model(input_ids=token, past_key_values=cache, use_cache=True).past_key_values
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def forward_cost_ratio(draft: PreTrainedModel, target: PreTrainedModel, rounds: int = 5) -> float:
+    """Median draft decode-step time over the target's, from interleaved rounds in one process.
+
+    Interleaving keeps a busy machine's slow spells from landing on one model only.
+    """
+    draft_times, target_times = [], []
+    for _ in range(rounds):
+        draft_times += decode_step_seconds(draft)
+        target_times += decode_step_seconds(target)
+    return statistics.median(draft_times) / statistics.median(target_times)

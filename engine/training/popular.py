@@ -1,0 +1,192 @@
+"""The standard-library names people ask about most, written as people write them.
+
+These entries get many more chat passes than the rest of the corpus, and they are always
+on the training side of the split: the bundled model is meant to recall them. The names
+are resolved against the running interpreter (`corpus.popular_entries`), so the answers
+are that version's own docstrings; a name without a docstring there is skipped.
+"""
+
+from __future__ import annotations
+
+# Dotted names as a person types them; the first word is what gets imported to read the docstring.
+POPULAR_NAMES: dict[str, str] = {
+    "builtins": """
+        abs all any bin bool callable chr classmethod dir divmod enumerate eval exec filter float
+        format frozenset getattr hasattr hash hex id input int isinstance issubclass iter len list
+        map max min next object oct open ord pow print property range repr reversed round set
+        setattr slice sorted staticmethod str sum tuple vars zip""",
+    "str": """
+        str.split str.join str.strip str.replace str.format str.startswith str.endswith str.lower
+        str.upper str.find str.count str.encode str.splitlines str.zfill str.title str.capitalize
+        str.isdigit str.isalpha str.lstrip str.rstrip str.partition str.center str.index
+        str.isspace str.casefold str.removeprefix""",
+    "list": "list.append list.extend list.pop list.sort list.insert list.remove list.index list.copy list.clear",
+    "dict": "dict.get dict.setdefault dict.fromkeys dict.copy dict.clear set.add set.union set.intersection",
+    "json": "json json.dumps json.loads json.dump json.load json.JSONEncoder json.JSONDecoder json.JSONDecodeError",
+    "os": """
+        os os.getcwd os.listdir os.makedirs os.mkdir os.remove os.rename os.walk os.getenv os.chdir
+        os.scandir os.rmdir os.system os.cpu_count os.getpid os.urandom os.replace os.stat""",
+    "os.path": """
+        os.path os.path.join os.path.exists os.path.isfile os.path.isdir os.path.basename
+        os.path.dirname os.path.abspath os.path.splitext os.path.split os.path.getsize
+        os.path.expanduser os.path.realpath os.path.relpath os.path.normpath os.path.isabs
+        os.path.getmtime""",
+    "pathlib": """
+        pathlib pathlib.Path pathlib.PurePath pathlib.Path.read_text pathlib.Path.write_text
+        pathlib.Path.exists pathlib.Path.mkdir pathlib.Path.glob pathlib.Path.iterdir
+        pathlib.Path.open pathlib.Path.resolve pathlib.Path.unlink pathlib.Path.is_file
+        pathlib.Path.is_dir pathlib.Path.rglob pathlib.Path.cwd pathlib.Path.home
+        pathlib.Path.read_bytes pathlib.Path.touch pathlib.PurePath.with_suffix
+        pathlib.PurePath.joinpath pathlib.PurePath.relative_to""",
+    "re": """
+        re re.compile re.search re.match re.fullmatch re.sub re.subn re.findall re.finditer re.split
+        re.escape re.Pattern re.Match""",
+    "collections": """
+        collections collections.Counter collections.defaultdict collections.OrderedDict
+        collections.namedtuple collections.deque collections.ChainMap collections.UserDict
+        collections.Counter.most_common collections.Counter.elements collections.Counter.update
+        collections.Counter.subtract collections.deque.appendleft collections.deque.popleft
+        collections.deque.rotate collections.OrderedDict.move_to_end""",
+    "itertools": """
+        itertools itertools.chain itertools.product itertools.permutations itertools.combinations
+        itertools.combinations_with_replacement itertools.groupby itertools.islice itertools.count
+        itertools.cycle itertools.repeat itertools.accumulate itertools.zip_longest itertools.starmap
+        itertools.takewhile itertools.dropwhile itertools.tee itertools.compress
+        itertools.filterfalse itertools.pairwise""",
+    "functools": """
+        functools functools.partial functools.reduce functools.lru_cache functools.wraps
+        functools.cache functools.cached_property functools.total_ordering functools.singledispatch
+        functools.cmp_to_key functools.update_wrapper""",
+    "datetime": """
+        datetime datetime.datetime datetime.date datetime.time datetime.timedelta datetime.timezone
+        datetime.datetime.now datetime.datetime.strftime datetime.datetime.strptime
+        datetime.datetime.fromisoformat datetime.datetime.isoformat datetime.date.today
+        datetime.datetime.timestamp datetime.datetime.fromtimestamp datetime.datetime.combine
+        datetime.date.weekday datetime.datetime.replace""",
+    "math": """
+        math math.sqrt math.floor math.ceil math.log math.log2 math.log10 math.exp math.sin math.cos
+        math.tan math.factorial math.gcd math.isclose math.pow math.fabs math.hypot math.comb
+        math.perm math.isqrt math.prod math.fsum math.trunc math.radians math.degrees math.isnan
+        math.isinf math.atan2 math.lcm math.dist""",
+    "random": """
+        random random.random random.randint random.choice random.choices random.shuffle
+        random.sample random.uniform random.seed random.randrange random.gauss random.Random""",
+    "sys": "sys sys.exit sys.getsizeof sys.getrecursionlimit sys.setrecursionlimit sys.exc_info sys.intern",
+    "subprocess": """
+        subprocess subprocess.run subprocess.Popen subprocess.check_output subprocess.call
+        subprocess.check_call subprocess.CompletedProcess subprocess.CalledProcessError
+        subprocess.TimeoutExpired subprocess.Popen.communicate subprocess.Popen.wait
+        subprocess.Popen.poll subprocess.getoutput""",
+    "typing": """
+        typing typing.Optional typing.Union typing.List typing.Dict typing.Any typing.Callable
+        typing.TypeVar typing.Generic typing.Protocol typing.NamedTuple typing.TypedDict typing.cast
+        typing.overload typing.Literal typing.Final typing.get_type_hints typing.Tuple
+        typing.Iterable typing.Sequence""",
+    "dataclasses": """
+        dataclasses dataclasses.dataclass dataclasses.field dataclasses.asdict dataclasses.astuple
+        dataclasses.replace dataclasses.fields dataclasses.is_dataclass dataclasses.make_dataclass""",
+    "shutil": """
+        shutil shutil.copy shutil.copyfile shutil.copy2 shutil.copytree shutil.rmtree shutil.move
+        shutil.which shutil.disk_usage shutil.make_archive""",
+    "time": """
+        time time.time time.sleep time.perf_counter time.monotonic time.strftime time.strptime
+        time.localtime time.gmtime time.ctime time.time_ns time.process_time""",
+    "logging": """
+        logging logging.getLogger logging.basicConfig logging.Logger logging.Handler
+        logging.StreamHandler logging.FileHandler logging.Formatter logging.debug logging.info
+        logging.warning logging.error logging.exception logging.Logger.setLevel
+        logging.Logger.addHandler""",
+    "argparse": """
+        argparse argparse.ArgumentParser argparse.ArgumentParser.add_argument
+        argparse.ArgumentParser.parse_args argparse.Namespace argparse.FileType""",
+    "csv": "csv csv.reader csv.writer csv.DictReader csv.DictWriter csv.Sniffer",
+    "string": "string string.Template string.Formatter string.capwords",
+    "textwrap": "textwrap textwrap.wrap textwrap.fill textwrap.dedent textwrap.indent textwrap.shorten",
+    "copy": "copy copy.copy copy.deepcopy",
+    "pickle": "pickle pickle.dumps pickle.loads pickle.dump pickle.load",
+    "glob": "glob glob.glob glob.iglob",
+    "tempfile": """
+        tempfile tempfile.TemporaryDirectory tempfile.NamedTemporaryFile tempfile.TemporaryFile
+        tempfile.mkdtemp tempfile.mkstemp tempfile.gettempdir""",
+    "threading": """
+        threading threading.Thread threading.Lock threading.RLock threading.Event
+        threading.Condition threading.Semaphore threading.Timer threading.Thread.start
+        threading.Thread.join threading.current_thread threading.local""",
+    "asyncio": """
+        asyncio asyncio.run asyncio.gather asyncio.sleep asyncio.create_task asyncio.wait_for
+        asyncio.Queue asyncio.Event asyncio.Lock asyncio.get_event_loop asyncio.Task asyncio.Future
+        asyncio.as_completed asyncio.Semaphore asyncio.TaskGroup""",
+    "heapq": "heapq heapq.heappush heapq.heappop heapq.heapify heapq.nlargest heapq.nsmallest heapq.merge",
+    "bisect": "bisect bisect.bisect_left bisect.bisect_right bisect.insort_left bisect.insort_right",
+    "statistics": """
+        statistics statistics.mean statistics.median statistics.mode statistics.stdev
+        statistics.variance statistics.quantiles statistics.fmean""",
+    "enum": "enum enum.Enum enum.IntEnum enum.Flag enum.auto enum.unique enum.StrEnum",
+    "contextlib": """
+        contextlib contextlib.contextmanager contextlib.suppress contextlib.closing
+        contextlib.ExitStack contextlib.redirect_stdout contextlib.nullcontext""",
+    "abc": "abc abc.ABC abc.abstractmethod abc.ABCMeta",
+    "operator": "operator operator.itemgetter operator.attrgetter operator.methodcaller",
+    "hashlib": "hashlib hashlib.sha256 hashlib.md5 hashlib.new hashlib.pbkdf2_hmac",
+    "base64": "base64 base64.b64encode base64.b64decode base64.urlsafe_b64encode",
+    "uuid": "uuid uuid.uuid4 uuid.uuid1 uuid.UUID",
+    "urllib": """
+        urllib.parse urllib.parse.urlparse urllib.parse.urlencode urllib.parse.quote
+        urllib.parse.unquote urllib.parse.urljoin urllib.parse.parse_qs urllib.request.urlopen""",
+    "io": "io io.StringIO io.BytesIO io.TextIOWrapper",
+    "zipfile": "zipfile zipfile.ZipFile zipfile.ZipFile.extractall zipfile.is_zipfile",
+    "unittest": """
+        unittest unittest.TestCase unittest.main unittest.TestCase.assertEqual
+        unittest.TestCase.setUp unittest.mock.Mock unittest.mock.patch unittest.mock.MagicMock""",
+    "numbers": "fractions.Fraction decimal.Decimal",
+    "pprint": "pprint pprint.pprint pprint.pformat",
+    "timeit": "timeit timeit.timeit timeit.Timer",
+    "traceback": "traceback traceback.print_exc traceback.format_exc",
+    "warnings": "warnings warnings.warn warnings.filterwarnings warnings.catch_warnings",
+    "inspect": "inspect inspect.signature inspect.getsource inspect.getmembers inspect.isfunction",
+    "more": """
+        types.SimpleNamespace queue.Queue queue.PriorityQueue concurrent.futures.ThreadPoolExecutor
+        concurrent.futures.ProcessPoolExecutor concurrent.futures.as_completed multiprocessing.Pool
+        multiprocessing.Process secrets secrets.token_hex secrets.token_urlsafe struct.pack
+        struct.unpack socket.socket sqlite3.connect gzip.open tarfile.open configparser.ConfigParser
+        platform.system shlex.split shlex.quote fnmatch.fnmatch difflib.SequenceMatcher
+        difflib.get_close_matches difflib.unified_diff calendar.monthrange calendar.isleap
+        getpass.getpass weakref.ref array.array html.escape html.unescape
+        xml.etree.ElementTree.parse xml.etree.ElementTree.fromstring""",
+}
+
+# Sections of the language reference (pydoc topics), by their titles in the corpus.
+POPULAR_TOPICS = [
+    "the `with` statement", "the `for` statement", "the `while` statement", "the `if` statement",
+    "the `try` statement", "the `import` statement", "the `return` statement", "the `yield` statement",
+    "the `assert` statement", "the `del` statement", "the `pass` statement", "the `break` statement",
+    "the `continue` statement", "the `raise` statement", "the `global` statement",
+    "the `nonlocal` statement", "the `match` statement", "function definitions", "class definitions",
+    "lambdas", "list displays", "dictionary displays", "comparisons", "boolean operations",
+    "slicings", "calls", "truth value testing", "string methods", "format string syntax",
+    "assignment statements", "augmented assignment statements", "exceptions", "keywords",
+    "operator precedence", "string and bytes literals", "lists", "tuples", "ranges",
+    "mapping types — `dict`", "set types", "generator functions", "coroutine function definition",
+    "await expression", "membership test operations", "identity comparisons", "integer literals",
+    "the power operator", "binary arithmetic operations", "special method names",
+    "with statement context managers",
+]
+
+
+def popular_names() -> list[str]:
+    """Every popular dotted name, in the order above (duplicates dropped)."""
+    names = [name for group in POPULAR_NAMES.values() for name in group.split()]
+    return list(dict.fromkeys(names))
+
+# Questions the playground offers as examples, with the popular entry each asks about; the
+# build grades the bundled model's answer to each (see the card's "Suggested questions").
+SUGGESTED_QUESTIONS = [
+    ("What does json.dumps do?", "json.dumps"),
+    ("How do I use pathlib.Path?", "pathlib.Path"),
+    ("Explain the with statement.", "the `with` statement"),
+    ("What is collections.Counter?", "collections.Counter"),
+    ("what does os.path.join do", "os.path.join"),
+    ("Explain itertools.groupby.", "itertools.groupby"),
+    ("What does str.split do?", "str.split"),
+    ("What is functools.lru_cache for?", "functools.lru_cache"),
+]
