@@ -74,11 +74,12 @@ def test_popular_entries_always_train_and_get_their_extra_chats(corpus):
     assert corpus.popular and all(entry in corpus.train_entries for entry in corpus.popular)
     builtins_group = "module:builtins"
     assert is_held_out(builtins_group) and any(entry.group == builtins_group for entry in corpus.popular)
-    answers = [chat[1]["content"] for chat in corpus.train_chats]
-    entry = corpus.popular[0]
-    assert answers.count(answer_for(entry, POPULAR_MIN_CHARS)) == 2 + 3
+    answer = answer_for(corpus.popular[0], POPULAR_MIN_CHARS)
+    assert [chat[1]["content"] for chat in corpus.train_chats].count(answer) == 2
+    assert [chat[1]["content"] for chat in corpus.popular_chats].count(answer) == 3
+    assert len({chat[0]["content"] for chat in corpus.popular_chats if chat[1]["content"] == answer}) == 3
     more = build_corpus(limit=100, popular_copies=5)
-    assert len(more.train_chats) - len(corpus.train_chats) == 2 * len(corpus.popular)
+    assert len(more.popular_chats) == 5 * len(corpus.popular) and more.train_chats == corpus.train_chats
 
 
 def test_nearly_every_popular_name_resolves_to_its_own_docstring():
@@ -95,7 +96,7 @@ def test_fresh_phrasings_never_appear_in_training(corpus):
     assert not set(FRESH_TEMPLATES) & set(GENERIC_TEMPLATES + KIND_TEMPLATES)
     cases = recall_cases(corpus.popular, 20, POPULAR_MIN_CHARS)
     assert len(cases) == 20
-    training_questions = {chat[0]["content"] for chat in corpus.train_chats}
+    training_questions = {chat[0]["content"] for chat in corpus.train_chats + corpus.popular_chats}
     assert not {question for question, _ in cases} & training_questions
     fresh_openings = tuple(template.split("{name}")[0].lower() for template in FRESH_TEMPLATES)
     assert all(fresh_openings)
@@ -237,6 +238,7 @@ def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
         corpus={"train_text": 1, "train_chats": 2, "heldout_text": 1, "heldout_chats": 2,
                 "train_tokens": 100, "heldout_tokens": 10, "popular_entries": 1, "popular_copies": 2},
         target=model_info, draft=dict(model_info, params=150),
+        baseline={"source": "assets/models/demo-chat", "params": 900, "ppl": 12.5},
         seconds={"corpus + tokenizer": 0.1, "target": 1.5, "draft": 0.5, "evaluation": 0.2},
         cpu_seconds={"corpus + tokenizer": 0.1, "target": 2.9, "draft": 1.0, "evaluation": 0.4},
         num_speculative=4, acceptance={"trained questions": (3, 8)}, draft_cost_ratio=0.2,
@@ -246,3 +248,4 @@ def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
     assert read_build_record(tmp_path) == results
     card = (tmp_path / "README.md").read_text()
     assert "python -m engine.training --limit 40" in card and "**0 min** (CPU time / 1)" in card
+    assert "(`assets/models/demo-chat`, 0.0M parameters, its own tokenizer) has perplexity 12.50" in card

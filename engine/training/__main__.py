@@ -43,12 +43,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-steps", type=int, default=6000)
-    parser.add_argument("--draft-steps", type=int, default=4000)
-    parser.add_argument("--popular-copies", type=int, default=16,
+    parser.add_argument("--target-steps", type=int, default=8500)
+    parser.add_argument("--draft-steps", type=int, default=5000)
+    parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")
     parser.add_argument("--recall-questions", type=int, default=50)
+    parser.add_argument("--compare-with", type=Path,
+                        help="an earlier target folder whose held-out perplexity (with its own tokenizer) "
+                             "is measured on this build's held-out text before anything is overwritten")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -75,6 +78,15 @@ def model_facts(params: int, shape: ModelShape, report: TrainReport, size_mb: fl
     """One model's row of the card (held-out perplexity is added once it is measured)."""
     return {"params": params, "shape": shape, "steps": report.steps, "tokens": report.tokens,
             "seconds": report.seconds, "cpu_seconds": report.cpu_seconds, "size_mb": size_mb}
+
+
+def baseline_perplexity(folder: Path, corpus) -> dict:
+    """Held-out perplexity of an earlier target on this build's held-out text, tokenized its own way."""
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
+    return {"source": folder.as_posix(), "params": count_parameters(model),
+            "ppl": perplexity(model, windows(stream, SEQ_LEN))}
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -115,13 +127,20 @@ def main(argv: list[str]) -> None:
     corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies)
     previous = read_build_record(args.out) if args.reuse_target else None
     if previous:
+        baseline = previous.baseline
+    elif args.compare_with and (args.compare_with / "config.json").is_file():
+        baseline = baseline_perplexity(args.compare_with, corpus)
+    else:
+        baseline = None
+    if previous:
         target, tokenizer = load_target(args.out, previous)
     else:
         tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
         tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
         target = build_model(TARGET_SHAPE, tokenizer)
-    train_stream = token_stream(tokenizer, corpus.train_text, corpus.train_chats)
-    chat_data = windows(token_stream(tokenizer, [], corpus.train_chats), SEQ_LEN)
+    chats = corpus.train_chats + corpus.popular_chats
+    train_stream = token_stream(tokenizer, corpus.train_text, chats)
+    chat_data = windows(token_stream(tokenizer, [], chats), SEQ_LEN)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     heldout_data = windows(heldout_stream, SEQ_LEN)
     clock.lap("corpus + tokenizer")
@@ -174,13 +193,14 @@ def main(argv: list[str]) -> None:
         threads=args.threads,
         vocab_size=len(tokenizer),
         corpus={
-            "train_text": len(corpus.train_text), "train_chats": len(corpus.train_chats),
+            "train_text": len(corpus.train_text), "train_chats": len(chats),
             "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
             "popular_entries": len(corpus.popular), "popular_copies": args.popular_copies,
         },
         target=target_info,
         draft=draft_info,
+        baseline=baseline,
         seconds=clock.wall,
         cpu_seconds=clock.cpu,
         num_speculative=4,

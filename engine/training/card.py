@@ -21,7 +21,8 @@ class BuildResults:
     `commands` lists every command that produced the current weights: one for a full
     build, two when the draft was re-distilled from an already trained target. `seconds`
     and `cpu_seconds` are wall and process CPU time per phase; `acceptance` maps a question
-    set to (accepted, proposed) draft tokens.
+    set to (accepted, proposed) draft tokens; `baseline` is the target this build replaced,
+    measured on the same held-out text (None when no `--compare-with` was given).
     """
 
     commands: list[str]
@@ -30,6 +31,7 @@ class BuildResults:
     corpus: dict[str, int]
     target: dict
     draft: dict
+    baseline: dict | None
     seconds: dict[str, float]
     cpu_seconds: dict[str, float]
     num_speculative: int
@@ -93,6 +95,15 @@ def recall_row(name: str, answers: list[GradedAnswer]) -> str:
     return f"| {name} | {rate(on_topic, total)} | {rate(repeats, total)} | {rate(references, total)} |"
 
 
+def baseline_note(baseline: dict | None) -> str:
+    if not baseline:
+        return ""
+    return (
+        f"On the same held-out text, the target this build replaced (`{baseline['source']}`, "
+        f"{baseline['params'] / 1e6:.1f}M parameters, its own tokenizer) has perplexity {baseline['ppl']:.2f}."
+    )
+
+
 def render_card(results: BuildResults) -> str:
     corpus = results.corpus
     wall, cpu = sum(results.seconds.values()), sum(results.cpu_seconds.values())
@@ -148,6 +159,7 @@ RoPE, context up to 1024 positions (trained on 256-token windows), and a byte-le
 tokenizer of {results.vocab_size} tokens with ChatML turns (`<|im_start|>role\\n...<|im_end|>\\n`);
 `<|im_end|>` is the EOS token, `<|endoftext|>` separates documents (BOS and padding).
 The draft has {results.draft['params'] / results.target['params']:.2f}x the target's parameters.
+{baseline_note(results.baseline)}
 
 ## Data
 

@@ -28,6 +28,8 @@ SKIPPED_PACKAGES = {
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
     "turtledemo", "__pycache__", "config-3", "pydoc_data", "encodings", "venv",
 }
+# After the first paragraph, one that opens like this is code, which ends an answer.
+CODE_OPENINGS = ("#", "class ", "def ", "@", "import ", "from ")
 MAX_ANSWER_CHARS = 280
 MIN_ANSWER_CHARS = 40
 POPULAR_MIN_CHARS = 16
@@ -49,11 +51,13 @@ class DocEntry:
 class Corpus:
     """Plain documents and chat conversations, separately for train and held-out.
 
-    `popular` lists the trained entries that got `popular_copies` chats each.
+    `popular` lists the trained entries that got `popular_copies` more chats each, in
+    `popular_chats` (kept apart from `train_chats` so the tokenizer sees them once).
     """
 
     train_text: list[str]
     train_chats: list[list[dict]]
+    popular_chats: list[list[dict]]
     heldout_text: list[str]
     heldout_chats: list[list[dict]]
     train_entries: list[DocEntry]
@@ -83,14 +87,15 @@ def paragraphs(text: str) -> list[str]:
 def summary(text: str, limit: int = MAX_ANSWER_CHARS) -> str:
     """The answer to a question: leading prose paragraphs, stopping before code and at `limit`.
 
-    Indented paragraphs (parameter lists, code) and grammar rules are skipped. Short answers that end cleanly
-    teach a tiny model to stop instead of rambling.
+    Indented paragraphs (parameter lists, code) and grammar rules are skipped; after the first
+    paragraph, one that introduces code or a list (ends with ":") ends the answer. Short
+    answers that end cleanly teach a tiny model to stop instead of rambling.
     """
     kept: list[str] = []
     for para in paragraphs(text):
         if para[0].isspace() or "::=" in para:
             continue
-        if para.startswith((">>>", "...", "#")) or (para.endswith("::") and kept):
+        if para.startswith((">>>", "...")) or (kept and (para.startswith(CODE_OPENINGS) or para.endswith(":"))):
             break
         joined = re.sub(r"\s+", " ", para)
         if kept and len("\n\n".join(kept)) + len(joined) > limit:
@@ -296,7 +301,8 @@ def build_corpus(limit: int | None = None, phrasings: int = 2, popular_copies: i
     """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests).
 
     Every entry is a document and `phrasings` chats; a popular entry gets `popular_copies`
-    more chats, each phrased anew, so the model sees it asked in many ways.
+    more chats, each phrased anew, so the model never sees one question often enough to
+    key its answer on the wording instead of the name.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     topics = topic_entries()
@@ -312,10 +318,9 @@ def build_corpus(limit: int | None = None, phrasings: int = 2, popular_copies: i
         texts, chats = parts[held_out[entry.name]]
         texts.append(as_document(entry))
         chats.extend(as_chats(entry, phrasings))
-    for entry in popular:
-        parts[False][1].extend(as_chats(entry, popular_copies, "popular", POPULAR_MIN_CHARS))
+    popular_chats = [chat for e in popular for chat in as_chats(e, popular_copies, "popular", POPULAR_MIN_CHARS)]
     return Corpus(
-        train_text=parts[False][0], train_chats=parts[False][1],
+        train_text=parts[False][0], train_chats=parts[False][1], popular_chats=popular_chats,
         heldout_text=parts[True][0], heldout_chats=parts[True][1],
         train_entries=[e for e in entries if not held_out[e.name]],
         heldout_entries=[e for e in entries if held_out[e.name]],

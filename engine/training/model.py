@@ -30,8 +30,8 @@ class ModelShape:
     intermediate: int
 
 
-TARGET_SHAPE = ModelShape(hidden=256, layers=6, heads=8, intermediate=704)
-DRAFT_SHAPE = ModelShape(hidden=128, layers=2, heads=4, intermediate=352)
+TARGET_SHAPE = ModelShape(hidden=256, layers=8, heads=8, intermediate=704)
+DRAFT_SHAPE = ModelShape(hidden=160, layers=2, heads=5, intermediate=384)
 
 
 @dataclass

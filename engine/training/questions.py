@@ -2,9 +2,11 @@
 
 Recall is only useful if it survives the way a person happens to type a question, so every
 chat picks a phrasing template and a surface form (backticks or not, `()` after a callable,
-`Path.read_text` for `pathlib.Path.read_text`, lower case, no final punctuation). The card's
-recall check asks with FRESH_TEMPLATES, which no training chat uses, so it measures recall of
-the entry rather than of a memorised question.
+`Path.read_text` for `pathlib.Path.read_text`, lower case, no final punctuation), and some
+training questions come with a greeting or an aside around them, so the model learns to key
+its answer on the name and ignore the rest. The card's recall check asks with
+FRESH_TEMPLATES, which no training chat uses, so it measures recall of the entry rather
+than of a memorised question.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ GENERIC_TEMPLATES = [
     "{name} explained",
     "Documentation for {name}",
     "What does {name} mean?",
+    "Explain {name} to me.",
+    "What does {name} return?",
+    "How is {name} used in practice?",
+    "Explain {name} in a few words.",
+    "What is {name} good for?",
+    "How would I use {name} in my code?",
+    "Explain {name}, please.",
+    "Tell me what {name} does.",
+    "{name} - what is it?",
+    "Docs for {name}?",
 ]
 KIND_TEMPLATES = [
     "What does the {name} {kind} do?",
@@ -57,6 +69,13 @@ FRESH_TEMPLATES = [
     "I'm reading code that uses {name}. What does it do?",
     "Remind me what {name} is.",
 ]
+# Framing around a training question (never around an evaluation one).
+OPENERS = ["Hi, ", "Hello! ", "Hey. ", "Python question: ", "In Python, ", "Sorry to bother you, ",
+           "One more thing: ", "OK, next one. ", "Thanks! Now: ", "Stdlib question: "]
+CLOSERS = [" Thanks.", " Thanks!", " Please keep it short.", " In simple words.", " I'm new to Python.",
+           " (Python 3)", " Any tips?", " I keep forgetting.", " Asking for a friend.", " Cheers",
+           " It's for a script at work.", " I saw it in a tutorial.", " Short answer is fine."]
+FRAMING_RATE = 0.2
 CALLABLE_KINDS = ("function", "method")
 
 
@@ -89,11 +108,21 @@ def phrase(template: str, kind: str, name: str, rng: random.Random) -> str:
     return question
 
 
+def framed(question: str, rng: random.Random) -> str:
+    """`question`, sometimes after a greeting and sometimes before an aside."""
+    if rng.random() < FRAMING_RATE:
+        opener = rng.choice(OPENERS)
+        question = opener + (question[0].lower() + question[1:] if opener[-2] in ",:" else question)
+    if rng.random() < FRAMING_RATE:
+        question += rng.choice(CLOSERS)
+    return question
+
+
 def training_questions(kind: str, name: str, count: int, salt: str = "") -> list[str]:
     """`count` training questions about `name`, fixed by a seed made of the name and `salt`."""
     rng = random.Random(f"train:{salt}:{name}")
     templates = training_templates(kind)
-    return [phrase(rng.choice(templates), kind, name, rng) for _ in range(count)]
+    return [framed(phrase(rng.choice(templates), kind, name, rng), rng) for _ in range(count)]
 
 
 def fresh_question(kind: str, name: str, index: int) -> str:
