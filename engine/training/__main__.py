@@ -9,6 +9,7 @@ build's target figures (from build.json).
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -37,6 +38,7 @@ from engine.training.popular import SUGGESTED_QUESTIONS
 from engine.training.tokenizer import train_tokenizer
 
 SEQ_LEN = 256
+HELDOUT_SAMPLE = "demo-heldout.json"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -87,6 +89,19 @@ def baseline_perplexity(folder: Path, corpus) -> dict:
     stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     return {"source": folder.as_posix(), "params": count_parameters(model),
             "ppl": perplexity(model, windows(stream, SEQ_LEN))}
+
+
+def write_heldout_sample(path: Path, corpus, tokenizer) -> None:
+    """The held-out text the serving engine's perplexity figure uses by default (`Engine.perplexity()`)."""
+    texts = corpus.heldout_text + [tokenizer.apply_chat_template(chat, tokenize=False) for chat in corpus.heldout_chats]
+    about = (
+        "Held-out text of the demo model's corpus, the default text of Engine.perplexity(). The training program "
+        "(engine/training/corpus.py, build_corpus) holds out every stdlib module or topic section whose name "
+        "hashes into 5%, except the popular names, which always train; neither model of the demo pair trained on "
+        "any of it. This file keeps every held-out document, then every held-out chat rendered with the demo chat "
+        "template. Written by the build (python -m engine.training) from this Python's standard library."
+    )
+    path.write_text(json.dumps({"about": about, "texts": texts}, indent=1, ensure_ascii=False) + "\n")
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -211,6 +226,7 @@ def main(argv: list[str]) -> None:
         suggested_answers=suggested,
     )
     write_card(args.out / "README.md", results)
+    write_heldout_sample(args.out / HELDOUT_SAMPLE, corpus, tokenizer)
     print(f"done in {sum(clock.wall.values()) / 60:.1f} min ({sum(clock.cpu.values()) / 60:.1f} CPU-min): "
           f"ppl target {target_info['ppl']:.2f}, draft {draft_info['ppl']:.2f}; "
           f"{recall_summary(results)}; draft cost ratio {cost_ratio:.2f}")

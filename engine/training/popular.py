@@ -189,4 +189,10 @@ SUGGESTED_QUESTIONS = [
     ("Explain itertools.groupby.", "itertools.groupby"),
     ("What does str.split do?", "str.split"),
     ("What is functools.lru_cache for?", "functools.lru_cache"),
+    ("What does len do?", "len"),
+    ("explain the for statement", "the `for` statement"),
+    ("How do I use subprocess.run?", "subprocess.run"),
+    ("What does re.sub do?", "re.sub"),
+    ("What is dataclasses.dataclass?", "dataclasses.dataclass"),
+    ("What does random.choice do?", "random.choice"),
 ]
