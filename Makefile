@@ -41,15 +41,16 @@ test: $(TEST_STAMP) chromium kernels
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check engine playground tests app.py
 
-# Rebuilds the bundled demo pair in assets/models (about 2.5 hours on 2 idle CPU cores; budgets are
-# step counts, so a busy machine only takes longer); the card compares it with the target it replaces.
+# Rebuilds the bundled demo pair in assets/models with the program's defaults (about 1.5 hours on
+# this shared 2-core machine; budgets are step counts, so a busy machine only takes longer); the card
+# compares it with the target it replaces. One thread: under load, two threads contend and are slower.
 # CI never retrains.
 demo-model: $(RUN_STAMP)
-	nice -n 10 $(PY) -m engine.training --threads 2 --compare-with assets/models/demo-chat
+	$(PY) -m engine.training --compare-with assets/models/demo-chat
 
-# Re-distills only the draft from the bundled target (about 30 minutes on 2 idle cores).
+# Re-distills only the draft from the bundled target.
 demo-draft: $(RUN_STAMP)
-	nice -n 10 $(PY) -m engine.training --threads 2 --reuse-target
+	$(PY) -m engine.training --reuse-target
 
 gpu-check: $(RUN_STAMP)
 	$(PY) -m engine.gpu_check

@@ -45,16 +45,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-steps", type=int, default=8500)
-    parser.add_argument("--draft-steps", type=int, default=5000)
+    parser.add_argument("--target-steps", type=int, default=1500)
+    parser.add_argument("--draft-steps", type=int, default=700)
     parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
+    parser.add_argument("--popular-entries", type=int, default=110,
+                        help="keep about this many popular entries (the leading share of every curated group)")
     parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")
     parser.add_argument("--recall-questions", type=int, default=50)
     parser.add_argument("--compare-with", type=Path,
                         help="an earlier target folder whose held-out perplexity (with its own tokenizer) "
                              "is measured on this build's held-out text before anything is overwritten")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--reuse-target", action="store_true",
@@ -139,7 +141,7 @@ def main(argv: list[str]) -> None:
     command = "python -m engine.training " + shlex.join(argv)
     clock = Clock()
 
-    corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies)
+    corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies, popular_limit=args.popular_entries)
     previous = read_build_record(args.out) if args.reuse_target else None
     if previous:
         baseline = previous.baseline
@@ -211,7 +213,8 @@ def main(argv: list[str]) -> None:
             "train_text": len(corpus.train_text), "train_chats": len(chats),
             "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
-            "popular_entries": len(corpus.popular), "popular_copies": args.popular_copies,
+            "popular_entries": len(corpus.popular), "popular_limit": args.popular_entries,
+            "popular_copies": args.popular_copies,
         },
         target=target_info,
         draft=draft_info,

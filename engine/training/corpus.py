@@ -21,7 +21,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.training.popular import POPULAR_TOPICS, popular_names
+from engine.training.popular import popular_names, popular_share, popular_topics
 from engine.training.questions import fresh_question, training_questions
 
 SKIPPED_PACKAGES = {
@@ -249,9 +249,9 @@ def popular_entry(name: str) -> DocEntry | None:
     return DocEntry(kind, name, clean(without_signature(inspect.cleandoc(doc))), "module:" + top)
 
 
-def popular_entries() -> list[DocEntry]:
-    """Every resolvable popular name, in the curated order."""
-    return [entry for name in popular_names() if (entry := popular_entry(name))]
+def popular_entries(share: float = 1.0) -> list[DocEntry]:
+    """Every resolvable popular name (of the leading `share` of each group), in the curated order."""
+    return [entry for name in popular_names(share) if (entry := popular_entry(name))]
 
 
 def dedupe(entries: list[DocEntry], min_chars: int) -> list[DocEntry]:
@@ -297,16 +297,21 @@ def as_chats(entry: DocEntry, count: int, salt: str = "", min_chars: int = MIN_A
     ]
 
 
-def build_corpus(limit: int | None = None, phrasings: int = 2, popular_copies: int = 16) -> Corpus:
+def build_corpus(
+    limit: int | None = None, phrasings: int = 2, popular_copies: int = 16, popular_limit: int | None = None,
+) -> Corpus:
     """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests).
 
     Every entry is a document and `phrasings` chats; a popular entry gets `popular_copies`
     more chats, each phrased anew, so the model never sees one question often enough to
-    key its answer on the wording instead of the name.
+    key its answer on the wording instead of the name. `popular_limit` keeps about that many
+    popular entries (the leading share of every curated group); the rest train as ordinary entries.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     topics = topic_entries()
-    candidates = popular_entries()[:limit] + [t for t in topics if t.name in POPULAR_TOPICS]
+    share = popular_share(popular_limit)
+    wanted_topics = set(popular_topics(share))
+    candidates = popular_entries(share)[:limit] + [t for t in topics if t.name in wanted_topics]
     popular = [e for e in dedupe(candidates, POPULAR_MIN_CHARS) if answer_for(e, POPULAR_MIN_CHARS)]
     names = {entry.name for entry in popular}
     others = dedupe(popular + topics[:limit] + source_entries(root, limit), MIN_ANSWER_CHARS)

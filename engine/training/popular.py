@@ -11,10 +11,10 @@ from __future__ import annotations
 # Dotted names as a person types them; the first word is what gets imported to read the docstring.
 POPULAR_NAMES: dict[str, str] = {
     "builtins": """
-        abs all any bin bool callable chr classmethod dir divmod enumerate eval exec filter float
-        format frozenset getattr hasattr hash hex id input int isinstance issubclass iter len list
-        map max min next object oct open ord pow print property range repr reversed round set
-        setattr slice sorted staticmethod str sum tuple vars zip""",
+        print len range open str int list dict set tuple enumerate zip map filter sorted isinstance
+        input type sum min max abs round any all bool float iter next reversed getattr setattr
+        hasattr super property staticmethod classmethod repr format id hash callable chr ord hex
+        bin oct divmod pow eval exec vars dir frozenset slice object issubclass""",
     "str": """
         str.split str.join str.strip str.replace str.format str.startswith str.endswith str.lower
         str.upper str.find str.count str.encode str.splitlines str.zfill str.title str.capitalize
@@ -22,7 +22,7 @@ POPULAR_NAMES: dict[str, str] = {
         str.isspace str.casefold str.removeprefix""",
     "list": "list.append list.extend list.pop list.sort list.insert list.remove list.index list.copy list.clear",
     "dict": "dict.get dict.setdefault dict.fromkeys dict.copy dict.clear set.add set.union set.intersection",
-    "json": "json json.dumps json.loads json.dump json.load json.JSONEncoder json.JSONDecoder json.JSONDecodeError",
+    "json": "json.dumps json.loads json json.dump json.load json.JSONEncoder json.JSONDecoder json.JSONDecodeError",
     "os": """
         os os.getcwd os.listdir os.makedirs os.mkdir os.remove os.rename os.walk os.getenv os.chdir
         os.scandir os.rmdir os.system os.cpu_count os.getpid os.urandom os.replace os.stat""",
@@ -39,7 +39,7 @@ POPULAR_NAMES: dict[str, str] = {
         pathlib.Path.read_bytes pathlib.Path.touch pathlib.PurePath.with_suffix
         pathlib.PurePath.joinpath pathlib.PurePath.relative_to""",
     "re": """
-        re re.compile re.search re.match re.fullmatch re.sub re.subn re.findall re.finditer re.split
+        re.search re.sub re.compile re re.match re.fullmatch re.subn re.findall re.finditer re.split
         re.escape re.Pattern re.Match""",
     "collections": """
         collections collections.Counter collections.defaultdict collections.OrderedDict
@@ -54,7 +54,7 @@ POPULAR_NAMES: dict[str, str] = {
         itertools.takewhile itertools.dropwhile itertools.tee itertools.compress
         itertools.filterfalse itertools.pairwise""",
     "functools": """
-        functools functools.partial functools.reduce functools.lru_cache functools.wraps
+        functools.lru_cache functools.partial functools functools.reduce functools.wraps
         functools.cache functools.cached_property functools.total_ordering functools.singledispatch
         functools.cmp_to_key functools.update_wrapper""",
     "datetime": """
@@ -69,7 +69,7 @@ POPULAR_NAMES: dict[str, str] = {
         math.perm math.isqrt math.prod math.fsum math.trunc math.radians math.degrees math.isnan
         math.isinf math.atan2 math.lcm math.dist""",
     "random": """
-        random random.random random.randint random.choice random.choices random.shuffle
+        random.choice random.randint random random.random random.choices random.shuffle
         random.sample random.uniform random.seed random.randrange random.gauss random.Random""",
     "sys": "sys sys.exit sys.getsizeof sys.getrecursionlimit sys.setrecursionlimit sys.exc_info sys.intern",
     "subprocess": """
@@ -173,10 +173,28 @@ POPULAR_TOPICS = [
 ]
 
 
-def popular_names() -> list[str]:
-    """Every popular dotted name, in the order above (duplicates dropped)."""
-    names = [name for group in POPULAR_NAMES.values() for name in group.split()]
+def leading_share(names: list[str], share: float) -> list[str]:
+    """The first `share` of a curated group (at least one name): the group's most asked-about part."""
+    return names[:max(1, round(share * len(names)))]
+
+
+def popular_names(share: float = 1.0) -> list[str]:
+    """Popular dotted names in the order above (duplicates dropped); `share` < 1 keeps the
+    leading share of every group, so a smaller build still covers every module's main names."""
+    names = [name for group in POPULAR_NAMES.values() for name in leading_share(group.split(), share)]
     return list(dict.fromkeys(names))
+
+
+def popular_topics(share: float = 1.0) -> list[str]:
+    """The leading `share` of POPULAR_TOPICS (statements come first)."""
+    return leading_share(POPULAR_TOPICS, share)
+
+
+def popular_share(entries: int | None) -> float:
+    """The share of every group that keeps about `entries` popular names and topics in all."""
+    total = sum(len(group.split()) for group in POPULAR_NAMES.values()) + len(POPULAR_TOPICS)
+    return 1.0 if entries is None else min(1.0, entries / total)
+
 
 # Questions the playground offers as examples, with the popular entry each asks about; the
 # build grades the bundled model's answer to each (see the card's "Suggested questions").
@@ -186,7 +204,7 @@ SUGGESTED_QUESTIONS = [
     ("Explain the with statement.", "the `with` statement"),
     ("What is collections.Counter?", "collections.Counter"),
     ("what does os.path.join do", "os.path.join"),
-    ("Explain itertools.groupby.", "itertools.groupby"),
+    ("Explain itertools.chain.", "itertools.chain"),
     ("What does str.split do?", "str.split"),
     ("What is functools.lru_cache for?", "functools.lru_cache"),
     ("What does len do?", "len"),
