@@ -26,7 +26,14 @@ from engine.training.corpus import (
 from engine.training.distill import distillation_loss
 from engine.training.evaluate import GradedAnswer, forward_cost_ratio, speculative_acceptance
 from engine.training.model import ModelShape, TrainSettings, build_model, token_stream, train, windows
-from engine.training.popular import SUGGESTED_QUESTIONS, popular_names
+from engine.training.popular import (
+    DEFAULT_POPULAR_ENTRIES,
+    POPULAR_NAMES,
+    SUGGESTED_QUESTIONS,
+    popular_names,
+    popular_share,
+    popular_topics,
+)
 from engine.training.questions import FRESH_TEMPLATES, GENERIC_TEMPLATES, KIND_TEMPLATES, name_form, phrase
 from engine.training.tokenizer import train_tokenizer
 
@@ -80,6 +87,33 @@ def test_popular_entries_always_train_and_get_their_extra_chats(corpus):
     assert len({chat[0]["content"] for chat in corpus.popular_chats if chat[1]["content"] == answer}) == 3
     more = build_corpus(limit=100, popular_copies=5)
     assert len(more.popular_chats) == 5 * len(corpus.popular) and more.train_chats == corpus.train_chats
+
+
+def test_popular_entries_keeps_the_leading_share_of_every_group():
+    everything = popular_names()
+    share = popular_share(DEFAULT_POPULAR_ENTRIES)
+    kept = popular_names(share)
+    assert 0.1 < share < 0.25 and len(kept) < 0.3 * len(everything)
+    assert {"print", "len", "json.dumps", "os.path.join", "collections.Counter"} <= set(kept)
+    assert all(group.split()[0] in kept for group in POPULAR_NAMES.values())
+    assert kept == [name for name in everything if name in kept]
+    assert popular_topics(share)[0] == "the `with` statement" and len(popular_topics(share)) < 15
+    assert popular_share(None) == 1.0 and popular_share(10_000) == 1.0
+
+
+def test_popular_limit_shrinks_the_popular_set_and_the_rest_train_as_ordinary_entries(corpus):
+    fewer = build_corpus(limit=100, popular_copies=3, popular_limit=60)
+    assert 0 < len(fewer.popular) < len(corpus.popular)
+    assert len(fewer.popular_chats) == 3 * len(fewer.popular)
+    builtins = {entry.name for entry in corpus.popular if entry.group == "module:builtins" and answer_for(entry)}
+    dropped = builtins - {entry.name for entry in fewer.popular}
+    assert dropped and dropped <= {entry.name for entry in fewer.train_entries}
+
+
+def test_suggested_questions_ask_about_entries_the_default_build_makes_popular():
+    share = popular_share(DEFAULT_POPULAR_ENTRIES)
+    kept = set(popular_names(share)) | set(popular_topics(share))
+    assert {name for _, name in SUGGESTED_QUESTIONS} <= kept
 
 
 def test_nearly_every_popular_name_resolves_to_its_own_docstring():

@@ -34,7 +34,7 @@ from engine.training.model import (
     train,
     windows,
 )
-from engine.training.popular import SUGGESTED_QUESTIONS
+from engine.training.popular import DEFAULT_POPULAR_ENTRIES, SUGGESTED_QUESTIONS
 from engine.training.tokenizer import train_tokenizer
 
 SEQ_LEN = 256
@@ -49,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--draft-steps", type=int, default=700)
     parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
-    parser.add_argument("--popular-entries", type=int, default=110,
+    parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
                         help="keep about this many popular entries (the leading share of every curated group)")
     parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")
     parser.add_argument("--recall-questions", type=int, default=50)

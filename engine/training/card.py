@@ -56,6 +56,33 @@ def recall_summary(results: BuildResults) -> str:
     return "; ".join(parts)
 
 
+def bar_rows(results: BuildResults) -> list[tuple[str, str, bool]]:
+    """(bar, measured, met) for each bar of issue 17 that this build's numbers decide."""
+    trained = results.trained_answers
+    on_topic = sum(a.on_topic for a in trained) / max(1, len(trained))
+    repeats = sum(a.repeats for a in trained) / max(1, len(trained))
+    accepted = sum(pair[0] for pair in results.acceptance.values())
+    proposed = sum(pair[1] for pair in results.acceptance.values())
+    acceptance = accepted / max(1, proposed)
+    target_ppl, draft_ppl = results.target["ppl"], results.draft["ppl"]
+    rows = [
+        ("trained entries, fresh phrasings: on topic >= 80%", f"{100 * on_topic:.0f}%", on_topic >= 0.8),
+        ("trained entries, fresh phrasings: repeat a 4-word run <= 10%", f"{100 * repeats:.0f}%", repeats <= 0.1),
+    ]
+    if results.baseline:
+        rows.append((f"held-out ppl: target below the replaced target's {results.baseline['ppl']:.2f}",
+                     f"{target_ppl:.2f}", target_ppl < results.baseline["ppl"]))
+    rows += [
+        ("held-out ppl: target clearly below the draft (at most 0.9x)", f"{target_ppl:.2f} vs {draft_ppl:.2f}",
+         target_ppl <= 0.9 * draft_ppl),
+        (f"draft greedy acceptance at k={results.num_speculative} on chat questions >= 0.6", f"{acceptance:.2f}",
+         acceptance >= 0.6),
+        ("draft forward at batch 1 <= 1/3 of the target's", f"{results.draft_cost_ratio:.2f}x",
+         results.draft_cost_ratio <= 1 / 3),
+    ]
+    return rows
+
+
 MODEL_TABLE_HEADER = (
     "| model | params | hidden | layers | heads / KV heads | MLP | steps | tokens seen | train time (wall / CPU) "
     "| safetensors | held-out ppl |\n" + "| --- " * 11 + "|"
@@ -117,6 +144,8 @@ def render_card(results: BuildResults) -> str:
     )
     stride = max(1, len(results.trained_answers) // SAMPLE_COUNT)
     samples = "\n\n".join(sample_block(a) for a in results.trained_answers[::stride][:SAMPLE_COUNT])
+    bars = "\n".join(f"| {bar} | {measured} | {'met' if met else '**missed**'} |"
+                     for bar, measured, met in bar_rows(results))
     suggested = "\n".join(
         f"| {a.question} | {'yes' if a.on_topic else 'no'} | {a.similarity:.2f} |" for a in results.suggested_answers
     )
@@ -132,6 +161,14 @@ anywhere on a CPU, and the pair demonstrates speculative decoding with a draft m
 - `demo-draft/`: the draft, distilled from the target's logits, same tokenizer.
 
 This card is written by the build itself; every number below was measured by it.
+
+## Bars
+
+The targets this build was held to (issue 17), each decided by the figures further down:
+
+| bar | measured | |
+| --- | --- | --- |
+{bars}
 
 ## Rebuild
 

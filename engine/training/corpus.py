@@ -249,9 +249,9 @@ def popular_entry(name: str) -> DocEntry | None:
     return DocEntry(kind, name, clean(without_signature(inspect.cleandoc(doc))), "module:" + top)
 
 
-def popular_entries(share: float = 1.0) -> list[DocEntry]:
-    """Every resolvable popular name (of the leading `share` of each group), in the curated order."""
-    return [entry for name in popular_names(share) if (entry := popular_entry(name))]
+def popular_entries() -> list[DocEntry]:
+    """Every resolvable curated popular name, in the curated order."""
+    return [entry for name in popular_names() if (entry := popular_entry(name))]
 
 
 def dedupe(entries: list[DocEntry], min_chars: int) -> list[DocEntry]:
@@ -309,12 +309,13 @@ def build_corpus(
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     topics = topic_entries()
+    curated = popular_entries()[:limit]
     share = popular_share(popular_limit)
-    wanted_topics = set(popular_topics(share))
-    candidates = popular_entries(share)[:limit] + [t for t in topics if t.name in wanted_topics]
+    wanted = set(popular_names(share)) | set(popular_topics(share))
+    candidates = [entry for entry in curated + topics if entry.name in wanted]
     popular = [e for e in dedupe(candidates, POPULAR_MIN_CHARS) if answer_for(e, POPULAR_MIN_CHARS)]
     names = {entry.name for entry in popular}
-    others = dedupe(popular + topics[:limit] + source_entries(root, limit), MIN_ANSWER_CHARS)
+    others = dedupe(popular + curated + topics[:limit] + source_entries(root, limit), MIN_ANSWER_CHARS)
     entries = popular + [entry for entry in others if entry.name not in names]
     popular_groups = {entry.group for entry in popular}
     held_out = {e.name: is_held_out(e.group) and e.group not in popular_groups for e in entries}

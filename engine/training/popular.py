@@ -173,6 +173,10 @@ POPULAR_TOPICS = [
 ]
 
 
+# How many popular entries the default build keeps: what a 2-core machine can teach in its budget.
+DEFAULT_POPULAR_ENTRIES = 110
+
+
 def leading_share(names: list[str], share: float) -> list[str]:
     """The first `share` of a curated group (at least one name): the group's most asked-about part."""
     return names[:max(1, round(share * len(names)))]
