@@ -45,8 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-steps", type=int, default=1500)
-    parser.add_argument("--draft-steps", type=int, default=700)
+    parser.add_argument("--target-steps", type=int, default=1850)
+    parser.add_argument("--draft-steps", type=int, default=600)
     parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
