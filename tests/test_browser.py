@@ -25,7 +25,9 @@ from tests.ui_helpers import pick_model, start_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-EXAMPLES = ("What does the json module do?", "How do I read a file line by line?")
+# The demo model's own suggested questions when it offers some (the README screenshot shows one answered).
+EXAMPLES = tuple(getattr(list_models().get("demo"), "examples", ())[:2]) or (
+    "What does the json module do?", "How do I read a file line by line?")
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
