@@ -8,13 +8,20 @@ greedy outputs identical to their native heads.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, choice_note, estimate_memory
+from engine.hub import resolve_model_path
 from engine.quant.gqa import kv_head_options, regroup_kv_heads
 
 KV_BYTES = 32 * 2**20
+
+
+# The bundled target's depth (its hidden size 256 and 8 heads of 32 are what these figures check).
+DEMO_LAYERS = json.loads((resolve_model_path("demo") / "config.json").read_text())["num_hidden_layers"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +38,7 @@ def demo_kv_figures() -> dict:
 
 def test_kv_bytes_per_token_scale_exactly_with_kv_heads(demo_kv_figures):
     per_token_8 = demo_kv_figures[8][0]
-    assert per_token_8 == 2 * 6 * 8 * 32 * 4  # K and V, 6 layers, 8 heads of 32 float32 values
+    assert per_token_8 == 2 * DEMO_LAYERS * 8 * 32 * 4  # K and V per layer, 8 heads of 32 float32 values
     for heads, (per_token, _, kv_heads, _) in demo_kv_figures.items():
         assert kv_heads == heads
         assert per_token * 8 == per_token_8 * heads
@@ -46,10 +53,10 @@ def test_blocks_that_fit_grow_as_kv_heads_shrink(demo_kv_figures):
 
 
 def test_estimated_weights_follow_the_kv_projection(demo_kv_figures):
-    """Fewer KV heads also mean smaller K and V projections: 6 layers x 2 x 256 inputs x 32 per head."""
+    """Fewer KV heads also mean smaller K and V projections: layers x 2 x 256 inputs x 32 per head."""
     weights = {heads: figures[3].weights_bytes for heads, figures in demo_kv_figures.items()}
     for heads in (4, 2, 1):
-        assert weights[8] - weights[heads] == 6 * 2 * 256 * 32 * (8 - heads) * 4
+        assert weights[8] - weights[heads] == DEMO_LAYERS * 2 * 256 * 32 * (8 - heads) * 4
 
 
 @pytest.mark.parametrize("name", ["llama-gqa", "llama-mqa-tied", "qwen2-qkv-bias", "qwen3-qk-norm"])

@@ -378,7 +378,9 @@ def test_speculative_decoding_verifies_on_two_ranks(speculative, demo_greedy):
     with Engine(config) as engine:
         assert [o.token_ids for o in engine.generate(CHATS, SamplingParams(max_tokens=40))] == demo_greedy
         stats = engine.stats()
-    assert stats["spec_num_draft_tokens"] > 0 and stats["spec_num_accepted_tokens"] > 0
+    assert stats["spec_num_draft_tokens"] > 0
+    if speculative == "draft":  # n-gram proposals are accepted only where a reply repeats its prompt
+        assert stats["spec_num_accepted_tokens"] > 0
     estimate = estimate_memory(config)
     assert estimate.weights_bytes == stats["weights_bytes"]
     assert estimate.kv_cache_bytes == stats["kv_cache_bytes"]
