@@ -5,7 +5,8 @@
   // 2. On a narrow screen the engine panel and the sampling controls start collapsed (CSS puts the chat first).
   // 3. Every control named in the glossary gets its plain-words entry as a tooltip (playground/glossary.py).
   // 4. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
-  //    on screen, sent to the server to sit beside the engine's own TTFT.
+  //    on screen, sent to the server to sit beside the engine's own TTFT. It is sent once the reply's
+  //    figures are final: a report racing a fast reply's last updates could be overwritten by them.
   const CHOICES = __CHOICES__;
   const TOOLTIPS = __TOOLTIPS__;
 
@@ -46,9 +47,11 @@
   const botMessages = () => document.querySelectorAll('#chat .message.bot, #chat [data-testid="bot"]');
   let armedAt = null;
   let botsWhenArmed = 0;
+  let waitedMs = null;
   const arm = () => {
     armedAt = performance.now();
     botsWhenArmed = botMessages().length;
+    waitedMs = null;
   };
   document.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey && event.target.closest && event.target.closest("#message")) arm();
@@ -74,13 +77,16 @@
   new MutationObserver(() => {
     markChoices();
     addTooltips();
-    if (armedAt === null) return;
     const bots = botMessages();
-    if (bots.length <= botsWhenArmed) return;
-    if (!visibleText(bots[bots.length - 1])) return;
-    const waited = performance.now() - armedAt;
-    armedAt = null;
-    report(waited);
+    const newest = bots[bots.length - 1];
+    if (armedAt !== null && bots.length > botsWhenArmed && visibleText(newest)) {
+      waitedMs = performance.now() - armedAt;
+      armedAt = null;
+    }
+    if (waitedMs !== null && newest && newest.querySelector(".msg-figures:not(.live)")) {
+      report(waitedMs);
+      waitedMs = null;
+    }
   }).observe(document.body, { subtree: true, childList: true, characterData: true });
 
   markChoices();
