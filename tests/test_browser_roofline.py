@@ -7,7 +7,9 @@ tab goes to PLAYGROUND_SCREENSHOT_DIR when set (the README's image is made that 
 
 from __future__ import annotations
 
-from tests.test_browser import browser, pytestmark, shots  # noqa: F401 (fixtures and marks)
+import re
+
+from tests.test_browser import browser, pick, pytestmark, shots, wait_applied  # noqa: F401 (fixtures and marks)
 from tests.test_browser_tabs import open_tab, page, served, tall_screenshot  # noqa: F401 (the same app and page)
 
 
@@ -38,3 +40,26 @@ def test_quality_panel_measures_perplexity_beside_the_weights(page):  # noqa: F8
     page.locator("#measure-ppl").click()
     page.wait_for_function("/\\d+\\.\\d{3} on [\\d,]+ tokens/.test("
                            "document.querySelector('#chart-features').innerText)", timeout=180_000)
+
+
+def test_quantization_and_gqa_show_their_memory_and_quality_cost(page, shots):  # noqa: F811
+    """nf4 weights and 4 KV heads applied from the panel: the quality panel gives the weights before and after
+    quantization and the perplexity of the loaded configuration; the memory chart shows the smaller KV pool."""
+    open_tab(page, "Chat")
+    page.locator("#ctl-quantization label", has_text="nf4").click()
+    page.get_by_text("Attention heads, parallelism, advanced").click()  # a closed group of the panel
+    pick(page, "#ctl-gqa", "4")
+    page.click("#apply")
+    assert "Loaded" in wait_applied(page)
+    assert "nf4" in page.inner_text("#header") and "GQA 4" in page.inner_text("#header")
+    page.wait_for_function("document.querySelector('#chart-features').innerText.includes('before quantization')",
+                           timeout=30_000)
+    weights = page.inner_text("#chart-features")
+    ratio = float(re.search(r"as nf4 \((\d\.\d+)x\)", weights).group(1))
+    assert 0.2 < ratio < 0.45, weights
+    page.locator("#measure-ppl").click()
+    page.wait_for_function("/\\d+\\.\\d{3} on [\\d,]+ tokens/.test("
+                           "document.querySelector('#chart-features').innerText)", timeout=180_000)
+    page.locator("#chart-features").scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(shots / "quantization-gqa.png"))
