@@ -6,7 +6,8 @@
   // 3. Every control named in the glossary gets its plain-words entry as a tooltip (playground/glossary.py).
   // 4. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
   //    on screen, sent to the server to sit beside the engine's own TTFT. It is sent once the reply's
-  //    figures are final: a report racing a fast reply's last updates could be overwritten by them.
+  //    figures are final, and again while they do not show it: the reply's last update, computed before
+  //    the report reached the server, can arrive after the server's answer to it and overwrite it.
   const CHOICES = __CHOICES__;
   const TOOLTIPS = __TOOLTIPS__;
 
@@ -74,6 +75,21 @@
     send.click();
   };
 
+  const newestFigures = () => {
+    const bots = botMessages();
+    const newest = bots[bots.length - 1];
+    return newest ? newest.querySelector(".msg-figures:not(.live)") : null;
+  };
+  const reportUntilShown = (milliseconds, triesLeft) => {
+    report(milliseconds);
+    setTimeout(() => {
+      const figures = newestFigures();
+      if (armedAt === null && triesLeft > 0 && figures && !figures.innerText.includes("Enter")) {
+        reportUntilShown(milliseconds, triesLeft - 1);
+      }
+    }, 700);
+  };
+
   new MutationObserver(() => {
     markChoices();
     addTooltips();
@@ -83,8 +99,8 @@
       waitedMs = performance.now() - armedAt;
       armedAt = null;
     }
-    if (waitedMs !== null && newest && newest.querySelector(".msg-figures:not(.live)")) {
-      report(waitedMs);
+    if (waitedMs !== null && newestFigures()) {
+      reportUntilShown(waitedMs, 5);
       waitedMs = null;
     }
   }).observe(document.body, { subtree: true, childList: true, characterData: true });

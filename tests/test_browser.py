@@ -160,7 +160,7 @@ def test_chat_streams_with_both_waits_labelled_and_charts_move(served, page, sho
     throughput_before = page.locator("#chart-throughput").screenshot()
 
     page.evaluate(WATCH_REPLY)
-    send(page, "What does the KV cache store, and why does paging it help?")
+    send(page, EXAMPLES[1])  # typed; a question the demo model was trained on, so the screenshot shows its answer
     texts = page.evaluate("window.__replyTexts")
     assert len(texts) >= 2 and len(texts[-1]) > len(texts[0]), f"the reply did not stream: {texts}"
     page.wait_for_function("document.querySelector('#chat .msg-figures:not(.live)').innerText.includes('Enter')",
@@ -191,6 +191,8 @@ def test_chat_streams_with_both_waits_labelled_and_charts_move(served, page, sho
                            timeout=90_000)
     assert EXAMPLES[0] in page.inner_text("#chat")
     assert prompt_tokens(last_figures(page)) > 0
+    page.wait_for_function("[...document.querySelectorAll('#chat .msg-figures:not(.live)')].pop()"
+                           ".innerText.includes('Enter')", timeout=15_000)  # an example click is timed too
     page.wait_for_function("document.querySelectorAll('#chart-ttft .hrow').length == 2", timeout=10_000)
     page.wait_for_timeout(2500)
     page.set_viewport_size({"width": 1600, "height": 1250})  # tall enough for every chart

@@ -28,6 +28,7 @@ from engine.sizing import native_weights_bytes
 
 RANKS = 2
 BLOCK = 4
+BUILD_ONE_AT_A_TIME = threading.Lock()
 
 
 def settings_for(folder: str, quantization: str = "none", gqa: str | int = "native") -> RunnerSettings:
@@ -160,7 +161,11 @@ def test_each_rank_quantizes_its_own_shard(tiny_model_dirs):
     unquantized = run_plans(settings_for(tiny_model_dirs["llama-gqa"]))
 
     def shard(parallel):
-        runner = build_runner(settings, parallel)
+        # One rank quantizes at a time: quanto building its tensors in two threads at once once raised CPython
+        # 3.11's "AST constructor recursion depth mismatch" (a compile() race between threads, not an engine
+        # fault; the real ranks are processes). Building uses no collectives, so the ranks cannot deadlock here.
+        with BUILD_ONE_AT_A_TIME:
+            runner = build_runner(settings, parallel)
         return ([runner.execute(plan) for plan in PLANS], weight_storage_bytes(runner.model),
                 native_weights_bytes(spec, torch.float32, "quanto-int8", "cpu", parallel),
                 native_weights_bytes(spec, torch.float32, "none", "cpu", parallel))
