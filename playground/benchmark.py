@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine import BenchRequest, EngineError, WorkloadSpec, bench_report, build_workload
+from engine import BenchRequest, EngineError, SamplingParams, WorkloadSpec, bench_report, build_workload
 from playground.errors import Refused, describe_error
 from playground.figures import config_tag
 from playground.form import parse_int
-from playground.measurement import MeasurementJob, Sampling
+from playground.measurement import MeasurementJob
 from playground.run_charts import PALETTE, Timeline
 from playground.run_state import MAX_KEPT_RUNS, BenchmarkRecord
 from playground.session import Session
@@ -191,7 +191,7 @@ class BenchmarkHandlers:
         if state.job is not None and not state.job.done.is_set():
             raise Refused("a benchmark is already running in this tab: wait for it or press Cancel")
         config = dict(session.config)
-        sampling = Sampling(seed=request.spec.seed, ignore_eos=request.ignore_eos)
+        sampling = SamplingParams(seed=request.spec.seed, ignore_eos=request.ignore_eos)
 
         def work(job: MeasurementJob):
             return job.measure(self.app.pool, "this run", config, self._requests_for(request), sampling,

@@ -14,15 +14,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from engine import BenchRequest, EngineError, parse_sets
+from engine import BenchRequest, EngineError, SamplingParams, parse_sets
 from playground.conversation import Conversation, Exchange, fit_prompt
 from playground.errors import Refused, describe_error
 from playground.figures import config_summary, reply_figures
 from playground.form import FORM_FIELDS, default_config, parse_form, parse_int, preset_config
-from playground.measurement import MeasuredRun, MeasurementJob, Sampling
+from playground.measurement import MeasuredRun, MeasurementJob
 from playground.params import parse_sampling
 from playground.run_charts import Timeline
 from playground.session import Session
@@ -50,6 +50,8 @@ FIGURES = (
     ("perplexity", "perplexity (held-out text)", "lower"),
 )
 FIGURE_KEYS = tuple(key for key, _, _ in FIGURES)
+# the sampling settings a comparison reports (both sides used them)
+REPORTED_SAMPLING = ("temperature", "top_p", "top_k", "seed", "ignore_eos", "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,7 @@ class CompareRequest:
 
     sides: tuple[Side, ...]
     prompts: tuple[str, ...]
-    max_tokens: int
-    sampling: Sampling
+    sampling: SamplingParams  # max_tokens and every sampling setting, seed always set
     repeats: int
     perplexity: bool
 
@@ -191,8 +192,7 @@ class CompareHandlers:
         if not isinstance(perplexity, bool):
             raise Refused("perplexity must be true or false")
         return CompareRequest(sides=sides, prompts=parse_prompts(prompts, self.settings.max_message_chars),
-                              max_tokens=params.max_tokens,
-                              sampling=Sampling(params.temperature, params.top_p, params.top_k, params.seed or 0),
+                              sampling=replace(params, seed=params.seed or 0),
                               repeats=parse_int("repeats", repeats, 1, MAX_COMPARE_REPEATS), perplexity=perplexity)
 
     # ----- running -------------------------------------------------------------------------------
@@ -208,14 +208,14 @@ class CompareHandlers:
                 raise Refused("this model has no tokenizer, so it cannot answer text prompts")
             max_model_len = engine.info.get("max_model_len") or engine.config.max_model_len
             has_template = bool(getattr(tokenizer, "chat_template", None))
-            ids = [fit_prompt(engine.encode, has_template, "", [], prompt, max_model_len, request.max_tokens,
+            ids = [fit_prompt(engine.encode, has_template, "", [], prompt, max_model_len, request.sampling.max_tokens,
                               settings.max_prompt_tokens).token_ids for prompt in request.prompts]
-            tokens = request.repeats * len(request.sides) * sum(len(i) + request.max_tokens for i in ids)
+            tokens = request.repeats * len(request.sides) * sum(len(i) + request.sampling.max_tokens for i in ids)
             if tokens > settings.max_bench_tokens:
                 raise Refused(f"this comparison would process about {tokens:,} tokens, over this server's cap of "
                               f"{settings.max_bench_tokens:,} (PLAYGROUND_MAX_BENCH_TOKENS): fewer prompts, repeats "
                               "or max_tokens")
-            return [BenchRequest(i, request.max_tokens, 0.0) for i in ids]
+            return [BenchRequest(i, request.sampling.max_tokens, 0.0) for i in ids]
 
         return build
 
@@ -277,7 +277,7 @@ class CompareHandlers:
                         # each run's measured window (first request sent, last one done), seconds since the job began
                         "windows": [{label: [run.started - job.started, run.started + run.elapsed - job.started]
                                      for label, run in r.items()} for r in rounds],
-                        "sampling": vars(request.sampling) | {"max_tokens": request.max_tokens}})
+                        "sampling": {key: getattr(request.sampling, key) for key in REPORTED_SAMPLING}})
         return outcome
 
     @staticmethod

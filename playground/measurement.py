@@ -16,21 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from engine import BenchRequest, RequestOutput, StepRecord, WorkloadSpec, measure_engine
+from engine import BenchRequest, RequestOutput, SamplingParams, StepRecord, WorkloadSpec, measure_engine
 from playground.pool import EnginePool
 
 STOP_WAIT_S = 60.0
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling settings every request of a measurement uses (request i samples with seed + i)."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    ignore_eos: bool = False
 
 
 @dataclass
@@ -136,12 +125,14 @@ class MeasurementJob:
     # ----- one configuration -------------------------------------------------------------------
 
     def measure(self, pool: EnginePool, label: str, config: dict,
-                build_requests: Callable[[object], list[BenchRequest]], sampling: Sampling, *,
+                build_requests: Callable[[object], list[BenchRequest]], sampling: SamplingParams, *,
                 spec: WorkloadSpec | None = None, concurrency: int | None = None, warmup: bool = False,
                 perplexity: bool = False, goodput_slos: dict | None = None, pieces: bool = False) -> MeasuredRun:
         """Lease `config`'s engine (loading it if needed), measure `build_requests(engine)` on it, release it.
 
-        With `pieces`, each output is also split into the text of its tokens (for marking differences).
+        `sampling` holds what every request samples with (its temperature, top-p, top-k, `ignore_eos`; request i
+        uses seed + i, so its seed must be set; each request's own token budget replaces `max_tokens`). With
+        `pieces`, each output is also split into the text of its tokens (for marking differences).
         """
 
         def on_phase(phase: str) -> None:
