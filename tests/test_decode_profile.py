@@ -34,7 +34,8 @@ def test_profile_relates_decode_steps_to_their_floor(tiny_llama_dir):
     assert sum(profile.shares.values()) == pytest.approx(1.0)
     assert {"attention", "kv_write", "lm_head", "sample", "schedule", "layers"} <= set(profile.shares)
     assert "kv_gather" not in profile.shares  # the paged kernel reads the pool in place
-    assert profile.minor_faults_per_step >= 0
+    # no step allocates fresh large temporaries: 64 faults is 256 KiB of new pages a step (about 3 are seen here)
+    assert profile.minor_faults_per_step < 64
     assert "step / floor" in profile.format()
     small = profile_of(tiny_llama_dir, PROMPTS[:4])  # a few sequences: the decoder layers are one kernel call
     assert small.shares["fused_layers"] > 0 and "attention" not in small.shares

@@ -170,7 +170,8 @@ def test_benchmark_report_and_exports_have_the_bench_clis_keys(running_app, tmp_
     assert exported["mean_ttft_ms"] == pytest.approx(report["mean_ttft_ms"])
     for name in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "p90", "p99"):
-            assert report[f"{stat}_{name}_ms"] is not None and report[f"{stat}_{name}_ms"] >= 0
+            assert report[f"{stat}_{name}_ms"] > 0, f"{stat} {name} of a run whose every request made two tokens"
+        assert report[f"median_{name}_ms"] <= report[f"p90_{name}_ms"] <= report[f"p99_{name}_ms"]
     assert report["completed"] == 6 and report["total_output_tokens"] == 30 and report["cancelled_requests"] == 0
     assert report["output_throughput"] == pytest.approx(30 / report["duration"])
     assert report["config"]["model"] == running_app.model and report["workload"]["num_prompts"] == 6
