@@ -30,12 +30,12 @@ from engine.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_c
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
-from engine.workloads import BenchRequest, WorkloadSpec, build_workload
+from engine.workloads import BenchRequest, WorkloadSpec, build_workload, resolve_dataset
 
 __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "Engine", "EngineConfig",
            "EngineError", "GOODPUT_METRICS", "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult",
            "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams",
            "StepRecord", "StreamDelta", "WorkloadSpec", "bench_report", "build_workload", "check_goodput_slos",
            "choice_note", "describe_device", "device_ceilings", "engine_roofline", "estimate_memory", "list_models",
-           "list_presets", "load_preset", "measure_engine", "parse_sets", "preset_description",
+           "list_presets", "load_preset", "measure_engine", "parse_sets", "preset_description", "resolve_dataset",
            "tensor_parallel_reason", "unavailable_reason"]

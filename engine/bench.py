@@ -44,7 +44,7 @@ from engine.measure import bench_report, measure_engine, send
 from engine.overrides import parse_sets
 from engine.roofline import ceilings_cache_path, device_ceilings
 from engine.sampling_params import SamplingParams
-from engine.workloads import WorkloadSpec, build_workload, warmup_workload
+from engine.workloads import WorkloadSpec, build_workload, resolve_dataset, warmup_workload
 
 RANDOM_MODELS = {
     # name: LlamaConfig fields. ~20M parameters: 8.4M in the (untied) embeddings, 2.9M per layer.
@@ -396,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    spec = WorkloadSpec(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
+    model = model if args.endpoint else base_config.model
+    spec = WorkloadSpec(dataset=resolve_dataset(args.dataset, model), num_prompts=args.num_prompts, input_len=args.input_len,
                         output_len=args.output_len, output_len_range=args.output_len_range,
                         input_len_range=args.input_len_range, prefix_len=args.prefix_len,
                         request_rate=args.request_rate, seed=args.seed)

@@ -33,6 +33,7 @@ class ModelEntry:
     memory: str = ""
     default: bool = False
     examples: tuple[str, ...] = ()  # questions this model answers well, offered as clickable examples
+    chat_prompts: str = ""  # a .jsonl of questions suited to this model, asked by benchmarks' `chat` dataset
 
 
 def list_models() -> dict[str, ModelEntry]:

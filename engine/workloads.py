@@ -16,8 +16,20 @@ from pathlib import Path
 
 from engine.config import PRESETS_DIR
 from engine.errors import ConfigError
+from engine.hub import PROJECT_ROOT, list_models
 
 CHAT_PROMPTS_FILE = PRESETS_DIR / "chat_prompts.jsonl"
+
+
+def resolve_dataset(dataset: str, model: str | None) -> str:
+    """The prompt file `chat` means for `model`: the questions presets/models.toml says suit it (a model taught
+    one subject, like the demo model's standard library, is asked about that subject), else the general set."""
+    if dataset != "chat" or model is None:
+        return dataset
+    entry = list_models().get(model)
+    if entry is None or not entry.chat_prompts:
+        return dataset
+    return (PROJECT_ROOT / entry.chat_prompts).as_posix()
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ import math
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine import BenchRequest, EngineError, SamplingParams, WorkloadSpec, bench_report, build_workload
+from engine import (BenchRequest, EngineError, SamplingParams, WorkloadSpec, bench_report, build_workload,
+                    resolve_dataset)
 from playground.errors import Refused, describe_error
 from playground.figures import config_tag
 from playground.form import parse_int
@@ -164,7 +165,8 @@ class BenchmarkHandlers:
         def build(engine) -> list[BenchRequest]:
             max_model_len = engine.info.get("max_model_len") or engine.config.max_model_len
             try:
-                workload = build_workload(request.spec, engine.info["vocab_size"])
+                spec = replace(request.spec, dataset=resolve_dataset(request.spec.dataset, engine.config.model))
+                workload = build_workload(spec, engine.info["vocab_size"])
                 encoded = [BenchRequest(engine.encode(r.prompt), r.max_tokens, r.arrival) for r in workload]
             except EngineError as error:
                 raise Refused(describe_error(error, settings.public)) from None

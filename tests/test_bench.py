@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from engine.bench import build_config, main, ratios
 from engine.config import list_presets, load_preset
 from engine.overrides import parse_value
-from engine.workloads import CHAT_PROMPTS_FILE, WorkloadSpec, build_workload, read_jsonl_prompts, warmup_workload
+from engine.hub import list_models
+from engine.workloads import (CHAT_PROMPTS_FILE, WorkloadSpec, build_workload, read_jsonl_prompts, resolve_dataset,
+                              warmup_workload)
 from tests.tiny_models import build_tiny_model
 
 REQUIRED_KEYS = {"completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",
@@ -122,3 +125,16 @@ def test_input_length_ranges_draw_each_prompts_own_length():
     assert len({tuple(r.prompt[:4]) for r in ranged}) == 1, "the shared prefix stays shared"
     with pytest.raises(SystemExit):
         main(["--input-len-range", "5:1"])
+
+
+def test_the_chat_dataset_asks_the_demo_model_what_it_was_taught_and_other_models_the_general_set():
+    demo_file = resolve_dataset("chat", "demo")
+    assert demo_file.endswith(list_models()["demo"].chat_prompts)
+    taught = build_workload(WorkloadSpec(dataset=demo_file, num_prompts=3), 0)
+    assert [r.prompt for r in taught] == read_jsonl_prompts(Path(demo_file))[:3]
+    graded = json.loads((Path(demo_file).parent / "build.json").read_text())["trained_answers"]
+    assert [p[0]["content"] for p in read_jsonl_prompts(Path(demo_file))] == [a["question"] for a in graded]
+    general = read_jsonl_prompts(CHAT_PROMPTS_FILE)
+    assert resolve_dataset("chat", "smollm2-135m") == "chat" and resolve_dataset("chat", "/some/folder") == "chat"
+    assert resolve_dataset("random", "demo") == "random"
+    assert not set(map(str, general)) & set(map(str, read_jsonl_prompts(Path(demo_file))))

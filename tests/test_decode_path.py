@@ -187,6 +187,31 @@ def test_fused_small_batch_decode_computes_what_the_layers_compute(arch, tiny_mo
     assert torch.equal(fused, layered)
 
 
+def test_fused_small_step_of_several_tokens_per_sequence_computes_what_the_layers_compute(tiny_llama_dir):
+    """A speculative verification's shape (1 + k tokens of one sequence over its cached prefix) and a draft's
+    catch-up (2 tokens) in one step of 7 tokens: the fused call, causal within each chunk, equals the layers."""
+    backend = native_backend(tiny_llama_dir, block_size=4)
+    runner = backend.executor.runner
+    try:
+        with torch.inference_mode():
+            decode = decode_plan(backend, [PROMPTS[2], PROMPTS[3]])
+            first, second = decode.chunks
+            for chunk, extra in ((first, 4), (second, 1)):
+                backend.block_manager.grow(chunk.seq_id, chunk.start + 1 + extra)
+            plan = StepPlan([
+                SequenceChunk([11, 12, 13, 14, 15], first.start, list(backend.block_manager.block_table(first.seq_id)),
+                              5, seq_id=first.seq_id),
+                SequenceChunk([21, 22], second.start, list(backend.block_manager.block_table(second.seq_id)), 2,
+                              seq_id=second.seq_id)])
+            assert runner.fused_decode.applies(runner.prepare(plan)[2].batch)
+            fused = runner.execute(plan)
+            runner.fused_decode = None
+            layered = runner.execute(plan)
+    finally:
+        backend.close()
+    assert fused.shape[0] == 7 and torch.equal(fused, layered)
+
+
 @pytest.mark.parametrize("settings", [dict(cpu_kernels=False), dict(attention="sdpa"),
                                       dict(quantization="torchao-int8")])
 def test_fused_decode_only_where_the_kernels_are_what_the_layers_run(settings, tiny_llama_dir):

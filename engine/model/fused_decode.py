@@ -1,9 +1,10 @@
-"""Small-batch decode steps of the Llama decoder as one call of the engine's CPU kernels.
+"""Small steps of the Llama decoder as one call of the engine's CPU kernels.
 
-With up to `SMALL_BATCH_MAX_ROWS` sequences, a decode step of a small model costs more in calling
-some fifteen operators per layer from Python (module calls, argument parsing, dispatch) than in
-the operators themselves: the demo model's six layers spend about as long there as in their
-matmuls. `decode_layers` (csrc/cpu_kernels.cpp) runs the same kernels in the same order as the
+With up to `SMALL_BATCH_MAX_ROWS` tokens, a step of a small model costs more in calling some
+fifteen operators per layer from Python (module calls, argument parsing, dispatch) than in the
+operators themselves: the demo model's layers spend about as long there as in their matmuls.
+Such steps are decode steps of a few sequences, and speculative decoding's: the target verifying
+1 + k tokens of a sequence, the draft catching up on the tokens accepted since its last proposal. `decode_layers` (csrc/cpu_kernels.cpp) runs the same kernels in the same order as the
 model's layers do with `cpu_kernels` on, so it gives the same numbers, for every layer and the
 final norm, in one call; the embedding and the LM head stay in Python.
 
@@ -59,7 +60,9 @@ class FusedDecode:
 
     @staticmethod
     def applies(batch: StepBatch) -> bool:
-        return batch.decode_only and len(batch.query_lens) <= SMALL_BATCH_MAX_ROWS
+        """Steps of at most `SMALL_BATCH_MAX_ROWS` tokens, however they split into sequences: a decode step of a
+        few sequences, a speculative verification of 1 + k tokens, a draft model's catch-up."""
+        return sum(batch.query_lens) <= SMALL_BATCH_MAX_ROWS
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, batch: StepBatch) -> torch.Tensor:
         """Final (normed) hidden states [sequences, hidden] of a decode step; K/V go into `kv_caches`."""
@@ -71,4 +74,4 @@ class FusedDecode:
         heads, kv_heads, head_dim = self.shape
         return torch.ops.playground_cpu.decode_layers(
             embedded, cos, sin, self.layers, model.model.norm.weight, caches, batch.slot_mapping,
-            batch.block_tables, batch.context_lens, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)
+            batch.block_tables, batch.query_start, batch.query_len, batch.context_lens, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)

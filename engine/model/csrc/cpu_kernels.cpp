@@ -564,11 +564,13 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   return y;
 }
 
-// ---- a whole small-batch decode step's decoder layers in one call ----
+// ---- a whole small step's decoder layers in one call ----
 //
-// At a few sequences a decode step of a small model is mostly the fixed cost of calling ~15 operators per
-// layer from Python. This runs the same operators, in the same order, as the Python layers do with these
-// kernels (so it computes the same numbers), for every layer and the final norm, in one call.
+// At a few tokens a step of a small model is mostly the fixed cost of calling ~15 operators per layer from
+// Python: a decode step of a few sequences, a speculative verification (1 + k tokens of one sequence), a
+// draft model's catch-up. This runs the same operators, in the same order, as the Python layers do with
+// these kernels (so it computes the same numbers), for every layer and the final norm, in one call.
+// Sequence n's tokens are rows query_start[n] .. query_start[n] + query_len[n] - 1 (see paged_attention).
 // `layers` holds kLayerTensors entries per layer (see below; absent ones are None); `caches` K then V per layer.
 
 constexpr int64_t kLayerTensors = 10;
@@ -587,14 +589,13 @@ at::Tensor required(const std::optional<at::Tensor>& t, const char* name) {
 at::Tensor decode_layers(const at::Tensor& embedded, const at::Tensor& cos, const at::Tensor& sin,
                          const c10::List<std::optional<at::Tensor>>& layers, const at::Tensor& final_norm,
                          const std::vector<at::Tensor>& caches, const at::Tensor& slot_mapping,
-                         const at::Tensor& block_tables, const at::Tensor& context_lens, int64_t num_heads,
+                         const at::Tensor& block_tables, const at::Tensor& query_start, const at::Tensor& query_len,
+                         const at::Tensor& context_lens, int64_t num_heads,
                          int64_t num_kv_heads, int64_t head_dim, int64_t block_size, double eps, double scale) {
   const int64_t num_layers = static_cast<int64_t>(layers.size()) / kLayerTensors;
   TORCH_CHECK(static_cast<int64_t>(layers.size()) == num_layers * kLayerTensors &&
               static_cast<int64_t>(caches.size()) == 2 * num_layers, "one set of tensors and caches per layer");
   const int64_t tokens = embedded.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
-  const at::Tensor query_start = at::arange(tokens, context_lens.options());
-  const at::Tensor query_len = at::ones_like(context_lens);
   at::Tensor hidden = embedded.contiguous();
   at::Tensor normed;
   for (int64_t l = 0; l < num_layers; ++l) {
@@ -642,7 +643,8 @@ TORCH_LIBRARY(playground_cpu, m) {
   m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def("decode_layers(Tensor embedded, Tensor cos, Tensor sin, Tensor?[] layers, Tensor final_norm, "
-        "Tensor(a!)[] caches, Tensor slot_mapping, Tensor block_tables, Tensor context_lens, int num_heads, "
+        "Tensor(a!)[] caches, Tensor slot_mapping, Tensor block_tables, Tensor query_start, Tensor query_len, "
+        "Tensor context_lens, int num_heads, "
         "int num_kv_heads, int head_dim, int block_size, float eps, float scale) -> Tensor");
 }
 
