@@ -166,6 +166,17 @@ def test_draft_proposals_are_the_drafts_own_greedy_continuation(pair, monkeypatc
         return proposals, probs
 
     monkeypatch.setattr(DraftModelProposer, "propose", recording)
+    from engine.runner.model_runner import ModelRunner
+
+    in_one_call = []
+    greedy_proposals = ModelRunner.greedy_proposals
+
+    def counting(self, *args):
+        result = greedy_proposals(self, *args)
+        in_one_call.append(result is not None)
+        return result
+
+    monkeypatch.setattr(ModelRunner, "greedy_proposals", counting)
     max_model_len, block_size = 80, 4
     _, stats = run(target, "draft", draft, max_model_len=max_model_len, block_size=block_size,
                    kv_cache_bytes=pair_budget(target, draft, max_model_len, block_size))
@@ -173,6 +184,7 @@ def test_draft_proposals_are_the_drafts_own_greedy_continuation(pair, monkeypatc
     model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     assert len(records) > 50
+    assert sum(in_one_call) > 20  # most proposals came from the draft's one-call greedy kernel path
     for context, proposal in records:
         ids = torch.tensor([context])
         fresh = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(proposal),

@@ -75,3 +75,22 @@ class FusedDecode:
         return torch.ops.playground_cpu.decode_layers(
             embedded, cos, sin, self.layers, model.model.norm.weight, caches, batch.slot_mapping,
             batch.block_tables, batch.query_start, batch.query_len, batch.context_lens, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)
+
+    @property
+    def proposes_greedily(self) -> bool:
+        """Whether `greedy_proposals` computes what the Python loop would: the LM head and the embedding unsplit,
+        the LM head on the small-batch kernel (what `compute_logits` runs for up to 8 rows)."""
+        model = self.model
+        return (model.lm_head.parallel.size == 1 and model.model.embed_tokens.parallel.size == 1
+                and model.lm_head.matmul_plan.small_batch_kernel)
+
+    def greedy_proposals(self, first_tokens: torch.Tensor, first_positions: torch.Tensor, steps: torch.Tensor,
+                         block_tables: torch.Tensor, kv_caches, vocab_limit: int) -> torch.Tensor:
+        """[sequences, max(steps)] greedy continuations (-1 past each row's last), all steps in one kernel call."""
+        model = self.model
+        caches = [cache for pair in kv_caches for cache in pair]
+        heads, kv_heads, head_dim = self.shape
+        return torch.ops.playground_cpu.greedy_proposals(
+            first_tokens, first_positions, steps, block_tables, model.model.embed_tokens.weight, model.lm_head.weight,
+            min(vocab_limit, model.spec.vocab_size), model.rope_cos, model.rope_sin, self.layers,
+            model.model.norm.weight, caches, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)

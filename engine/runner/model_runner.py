@@ -20,6 +20,7 @@ import torch
 from engine.core.step_timing import section
 from engine.model.attention import StepBatch
 from engine.model.fused_decode import FusedDecode, supports_fused_decode
+from engine.model.matmul import SMALL_BATCH_MAX_ROWS
 from engine.model.llama import LlamaForCausalLM
 from engine.runner.block_tables import BlockTables
 from engine.runner.cuda_graphs import DecodeGraphs
@@ -106,6 +107,22 @@ class ModelRunner:
             if logit_rows is not None:
                 hidden = hidden.index_select(0, logit_rows)
             return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def greedy_proposals(self, seq_ids: list[int], first_tokens: list[int], first_positions: list[int],
+                         steps: list[int], block_tables: list[list[int]], vocab_limit: int) -> list[list[int]] | None:
+        """Sequence n's next `steps[n]` greedy tokens after `first_tokens[n]` (at `first_positions[n]`), each fed
+        back as the next input, every decode step in one kernel call (a draft model proposing); None where this
+        model or batch does not take that path, and the caller steps one `execute` at a time."""
+        fused = self.fused_decode
+        if fused is None or not fused.proposes_greedily or len(first_tokens) > SMALL_BATCH_MAX_ROWS:
+            return None
+        width = max(-(-(position + count) // self.block_size) for position, count in zip(first_positions, steps))
+        tables = self.block_tables.step_tables(seq_ids, block_tables, width)
+        with section("fused_layers"):
+            proposed = fused.greedy_proposals(self._tensor(first_tokens), self._tensor(first_positions),
+                                              self._tensor(steps), tables, self.kv_cache.layers, vocab_limit)
+        return [[token for token in row if token >= 0] for row in proposed.tolist()]
 
     def close(self) -> None:
         """Drop the model, the KV pool and captured graphs (their memory goes with the last reference)."""

@@ -127,7 +127,8 @@ class DraftModelProposer:
             end = request.num_tokens if length else request.num_computed_tokens
             if end > start:
                 chunks.append(SequenceChunk(request.all_token_ids[start:end], start,
-                                            list(self.block_manager.block_table(request.request_id)), int(length > 0)))
+                                            list(self.block_manager.block_table(request.request_id)), int(length > 0),
+                                            request.request_id))
                 request.draft_num_computed_tokens = end
             if length:
                 active.append(index)
@@ -144,14 +145,33 @@ class DraftModelProposer:
                     if drawn_probs[row] is not None:
                         probs[index].append(drawn_probs[row])
             active = [index for row, index in enumerate(active) if valid[row] and lengths[index] > depth]
+            if active and self._propose_rest_greedily(requests, active, proposals, lengths, depth):
+                break
             if active:
                 logits = self.runner.execute(StepPlan([
                     SequenceChunk([proposals[i][-1]], requests[i].num_tokens + depth - 1,
-                                  list(self.block_manager.block_table(requests[i].request_id)), 1) for i in active]))
+                                  list(self.block_manager.block_table(requests[i].request_id)), 1,
+                                  requests[i].request_id) for i in active]))
         for request, proposed in zip(requests, proposals, strict=True):
             if proposed:
                 self.written[request.request_id] = len(proposed) - 1
         return proposals, [torch.stack(rows) if rows else None for rows in probs]
+
+    def _propose_rest_greedily(self, requests: list[Request], active: list[int], proposals: list[list[int]],
+                               lengths: list[int], depth: int) -> bool:
+        """When every active request is greedy, their remaining proposals from one kernel call of the draft's
+        runner (the same tokens the one-forward-per-position loop draws); False where that path does not apply."""
+        if any(requests[i].params.temperature > 0 for i in active):
+            return False
+        rest = self.runner.greedy_proposals(
+            [requests[i].request_id for i in active], [proposals[i][-1] for i in active],
+            [requests[i].num_tokens + depth - 1 for i in active], [lengths[i] - depth for i in active],
+            [self.block_manager.block_table(requests[i].request_id) for i in active], self.vocab_size)
+        if rest is None:
+            return False
+        for index, tokens in zip(active, rest, strict=True):
+            proposals[index].extend(tokens)
+        return True
 
     def _fit(self, request: Request, length: int) -> int:
         """Shorten a proposal to the KV slots the request holds or can take without crowding others out
