@@ -396,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    model = model if args.endpoint else base_config.model
-    spec = WorkloadSpec(dataset=resolve_dataset(args.dataset, model), num_prompts=args.num_prompts, input_len=args.input_len,
+    dataset = resolve_dataset(args.dataset, model if args.endpoint else base_config.model)
+    spec = WorkloadSpec(dataset=dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                         output_len=args.output_len, output_len_range=args.output_len_range,
                         input_len_range=args.input_len_range, prefix_len=args.prefix_len,
                         request_rate=args.request_rate, seed=args.seed)

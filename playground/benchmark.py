@@ -21,8 +21,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine import (BenchRequest, EngineError, SamplingParams, WorkloadSpec, bench_report, build_workload,
-                    resolve_dataset)
+from engine import (
+    BenchRequest,
+    EngineError,
+    SamplingParams,
+    WorkloadSpec,
+    bench_report,
+    build_workload,
+    resolve_dataset,
+)
 from playground.errors import Refused, describe_error
 from playground.figures import config_tag
 from playground.form import parse_int

@@ -10,10 +10,16 @@ import pytest
 
 from engine.bench import build_config, main, ratios
 from engine.config import list_presets, load_preset
-from engine.overrides import parse_value
 from engine.hub import list_models
-from engine.workloads import (CHAT_PROMPTS_FILE, WorkloadSpec, build_workload, read_jsonl_prompts, resolve_dataset,
-                              warmup_workload)
+from engine.overrides import parse_value
+from engine.workloads import (
+    CHAT_PROMPTS_FILE,
+    WorkloadSpec,
+    build_workload,
+    read_jsonl_prompts,
+    resolve_dataset,
+    warmup_workload,
+)
 from tests.tiny_models import build_tiny_model
 
 REQUIRED_KEYS = {"completed", "duration", "request_throughput", "output_throughput", "total_token_throughput",

@@ -4,9 +4,11 @@ With up to `SMALL_BATCH_MAX_ROWS` tokens, a step of a small model costs more in 
 fifteen operators per layer from Python (module calls, argument parsing, dispatch) than in the
 operators themselves: the demo model's layers spend about as long there as in their matmuls.
 Such steps are decode steps of a few sequences, and speculative decoding's: the target verifying
-1 + k tokens of a sequence, the draft catching up on the tokens accepted since its last proposal. `decode_layers` (csrc/cpu_kernels.cpp) runs the same kernels in the same order as the
-model's layers do with `cpu_kernels` on, so it gives the same numbers, for every layer and the
-final norm, in one call; the embedding and the LM head stay in Python.
+1 + k tokens of a sequence, the draft catching up on the tokens accepted since its last proposal.
+`decode_layers` (csrc/cpu_kernels.cpp) runs the same kernels in the same order as the model's
+layers do with `cpu_kernels` on, so it gives the same numbers, for every layer and the final norm,
+in one call; the embedding and the LM head stay in Python. `greedy_proposals` goes one step
+further for a greedy draft: several decode steps, each fed the previous one's argmax, in one call.
 
 It applies only where those kernels are what the layers would run: a float32 model on a CPU with
 the kernels loaded, one tensor-parallel rank, unquantized linear layers, the `cpu-kernel` attention.
@@ -74,7 +76,8 @@ class FusedDecode:
         heads, kv_heads, head_dim = self.shape
         return torch.ops.playground_cpu.decode_layers(
             embedded, cos, sin, self.layers, model.model.norm.weight, caches, batch.slot_mapping,
-            batch.block_tables, batch.query_start, batch.query_len, batch.context_lens, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)
+            batch.block_tables, batch.query_start, batch.query_len, batch.context_lens, heads, kv_heads, head_dim,
+            self.block_size, self.eps, self.scale)
 
     @property
     def proposes_greedily(self) -> bool:

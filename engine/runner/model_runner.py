@@ -20,8 +20,8 @@ import torch
 from engine.core.step_timing import section
 from engine.model.attention import StepBatch
 from engine.model.fused_decode import FusedDecode, supports_fused_decode
-from engine.model.matmul import SMALL_BATCH_MAX_ROWS
 from engine.model.llama import LlamaForCausalLM
+from engine.model.matmul import SMALL_BATCH_MAX_ROWS
 from engine.runner.block_tables import BlockTables
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache
@@ -117,7 +117,8 @@ class ModelRunner:
         fused = self.fused_decode
         if fused is None or not fused.proposes_greedily or len(first_tokens) > SMALL_BATCH_MAX_ROWS:
             return None
-        width = max(-(-(position + count) // self.block_size) for position, count in zip(first_positions, steps))
+        width = max(-(-(position + count) // self.block_size)
+                    for position, count in zip(first_positions, steps, strict=True))
         tables = self.block_tables.step_tables(seq_ids, block_tables, width)
         with section("fused_layers"):
             proposed = fused.greedy_proposals(self._tensor(first_tokens), self._tensor(first_positions),

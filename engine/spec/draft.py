@@ -9,9 +9,10 @@ both pools is free when the requests end.
 Each step, before the scheduler runs, the draft catches up with the target in one forward pass over
 every running request (the prompt chunks the target computed last step, the tokens accepted since,
 and the newest token), scoring the last position of requests that propose; then one forward pass
-per further proposal, for all proposing requests together. The K/V it wrote for proposals that the
-target rejects is not undone, only forgotten: `draft_num_computed_tokens` rolls back to the accepted
-tokens, and those slots are overwritten later.
+per further proposal, for all proposing requests together (when they are all greedy and few, every
+further position in one kernel call that feeds each argmax back in: `ModelRunner.greedy_proposals`).
+The K/V it wrote for proposals that the target rejects is not undone, only forgotten:
+`draft_num_computed_tokens` rolls back to the accepted tokens, and those slots are overwritten later.
 """
 
 from __future__ import annotations
