@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  if v is not None))
     if len(round_ratios) > 1:
         report["round_ratios"] = round_ratios
-        for key in ("output_throughput", "cpu_ms_per_output_token", "mean_tpot_ms"):
+        for key in ("output_throughput", "cpu_ms_per_output_token", "mean_tpot_ms", "median_tpot_ms"):
             values = [r[key] for r in round_ratios if r.get(key) is not None]
             if values:
                 print(f"{key} compare/base per round: {' '.join(f'{v:.2f}x' for v in values)}; "
