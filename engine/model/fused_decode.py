@@ -87,13 +87,15 @@ class FusedDecode:
         return (model.lm_head.parallel.size == 1 and model.model.embed_tokens.parallel.size == 1
                 and model.lm_head.matmul_plan.small_batch_kernel)
 
-    def greedy_proposals(self, first_tokens: torch.Tensor, first_positions: torch.Tensor, steps: torch.Tensor,
-                         block_tables: torch.Tensor, kv_caches, vocab_limit: int) -> torch.Tensor:
-        """[sequences, max(steps)] greedy continuations (-1 past each row's last), all steps in one kernel call."""
+    def greedy_proposals(self, chunk_tokens: torch.Tensor, chunk_positions: torch.Tensor, chunk_lens: torch.Tensor,
+                         steps: torch.Tensor, block_tables: torch.Tensor, kv_caches, vocab_limit: int) -> torch.Tensor:
+        """[sequences, max(steps)] greedy continuations of each sequence's chunk (-1 past a row's last), all steps
+        in one kernel call (see `greedy_proposals` in csrc/cpu_kernels.cpp)."""
         model = self.model
         caches = [cache for pair in kv_caches for cache in pair]
         heads, kv_heads, head_dim = self.shape
         return torch.ops.playground_cpu.greedy_proposals(
-            first_tokens, first_positions, steps, block_tables, model.model.embed_tokens.weight, model.lm_head.weight,
-            min(vocab_limit, model.spec.vocab_size), model.rope_cos, model.rope_sin, self.layers,
-            model.model.norm.weight, caches, heads, kv_heads, head_dim, self.block_size, self.eps, self.scale)
+            chunk_tokens, chunk_positions, chunk_lens, steps, block_tables, model.model.embed_tokens.weight,
+            model.lm_head.weight, min(vocab_limit, model.spec.vocab_size), model.rope_cos, model.rope_sin,
+            self.layers, model.model.norm.weight, caches, heads, kv_heads, head_dim, self.block_size, self.eps,
+            self.scale)

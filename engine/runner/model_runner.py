@@ -25,7 +25,7 @@ from engine.model.matmul import SMALL_BATCH_MAX_ROWS
 from engine.runner.block_tables import BlockTables
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache
-from engine.runner.step_plan import StepPlan
+from engine.runner.step_plan import SequenceChunk, StepPlan
 
 
 class ModelRunner:
@@ -109,20 +109,25 @@ class ModelRunner:
             return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def greedy_proposals(self, seq_ids: list[int], first_tokens: list[int], first_positions: list[int],
-                         steps: list[int], block_tables: list[list[int]], vocab_limit: int) -> list[list[int]] | None:
-        """Sequence n's next `steps[n]` greedy tokens after `first_tokens[n]` (at `first_positions[n]`), each fed
-        back as the next input, every decode step in one kernel call (a draft model proposing); None where this
-        model or batch does not take that path, and the caller steps one `execute` at a time."""
+    def greedy_proposals(self, chunks: list[SequenceChunk], steps: list[int],
+                         vocab_limit: int) -> list[list[int]] | None:
+        """Greedy continuations for a draft model: each chunk is computed (the tokens its sequence has not seen,
+        newest last) and sequence n's next `steps[n]` tokens follow, each fed back as the next input, every step
+        in one kernel call; None where this model or step does not take that path (the caller then loops over
+        `execute`). Positions up to each chunk's end + steps - 2 must have KV slots in its block table."""
         fused = self.fused_decode
-        if fused is None or not fused.proposes_greedily or len(first_tokens) > SMALL_BATCH_MAX_ROWS:
+        if (fused is None or not fused.proposes_greedily or min(steps, default=0) < 1
+                or sum(len(chunk.token_ids) for chunk in chunks) > SMALL_BATCH_MAX_ROWS):
             return None
-        width = max(-(-(position + count) // self.block_size)
-                    for position, count in zip(first_positions, steps, strict=True))
-        tables = self.block_tables.step_tables(seq_ids, block_tables, width)
+        width = max(-(-(chunk.end + count - 1) // self.block_size) for chunk, count in zip(chunks, steps, strict=True))
+        tables = self.block_tables.step_tables([chunk.seq_id for chunk in chunks],
+                                               [chunk.block_table for chunk in chunks], width)
+        positions = [position for chunk in chunks for position in range(chunk.start, chunk.end)]
         with section("fused_layers"):
-            proposed = fused.greedy_proposals(self._tensor(first_tokens), self._tensor(first_positions),
-                                              self._tensor(steps), tables, self.kv_cache.layers, vocab_limit)
+            proposed = fused.greedy_proposals(
+                self._tensor(list(chain.from_iterable(chunk.token_ids for chunk in chunks))), self._tensor(positions),
+                self._tensor([len(chunk.token_ids) for chunk in chunks]), self._tensor(steps), tables,
+                self.kv_cache.layers, vocab_limit)
         return [[token for token in row if token >= 0] for row in proposed.tolist()]
 
     def close(self) -> None:

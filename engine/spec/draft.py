@@ -135,6 +135,18 @@ class DraftModelProposer:
                 active.append(index)
         if not chunks:
             return proposals, [None] * len(requests)
+        every_chunk_proposes = [chunk.seq_id for chunk in chunks] == [requests[i].request_id for i in active]
+        if not (every_chunk_proposes and self._propose_greedily(chunks, active, requests, lengths, proposals)):
+            self._propose_stepwise(chunks, active, requests, lengths, proposals, probs)
+        for request, proposed in zip(requests, proposals, strict=True):
+            if proposed:
+                self.written[request.request_id] = len(proposed) - 1
+        return proposals, [torch.stack(rows) if rows else None for rows in probs]
+
+    def _propose_stepwise(self, chunks: list[SequenceChunk], active: list[int], requests: list[Request],
+                          lengths: list[int], proposals: list[list[int]], probs: list[list[torch.Tensor]]) -> None:
+        """One forward pass for the catch-up chunks, then one per proposal position, drawing each request's
+        proposals as it would sample; greedy requests hand their remaining positions to one kernel call."""
         logits = self.runner.execute(StepPlan(chunks))
         depth = 0
         while active:
@@ -146,31 +158,25 @@ class DraftModelProposer:
                     if drawn_probs[row] is not None:
                         probs[index].append(drawn_probs[row])
             active = [index for row, index in enumerate(active) if valid[row] and lengths[index] > depth]
-            if active and self._propose_rest_greedily(requests, active, proposals, lengths, depth):
-                break
-            if active:
-                logits = self.runner.execute(StepPlan([
-                    SequenceChunk([proposals[i][-1]], requests[i].num_tokens + depth - 1,
+            if not active:
+                return
+            step = [SequenceChunk([proposals[i][-1]], requests[i].num_tokens + depth - 1,
                                   list(self.block_manager.block_table(requests[i].request_id)), 1,
-                                  requests[i].request_id) for i in active]))
-        for request, proposed in zip(requests, proposals, strict=True):
-            if proposed:
-                self.written[request.request_id] = len(proposed) - 1
-        return proposals, [torch.stack(rows) if rows else None for rows in probs]
+                                  requests[i].request_id) for i in active]
+            if self._propose_greedily(step, active, requests, [length - depth for length in lengths], proposals):
+                return
+            logits = self.runner.execute(StepPlan(step))
 
-    def _propose_rest_greedily(self, requests: list[Request], active: list[int], proposals: list[list[int]],
-                               lengths: list[int], depth: int) -> bool:
-        """When every active request is greedy, their remaining proposals from one kernel call of the draft's
-        runner (the same tokens the one-forward-per-position loop draws); False where that path does not apply."""
+    def _propose_greedily(self, chunks: list[SequenceChunk], active: list[int], requests: list[Request],
+                          lengths: list[int], proposals: list[list[int]]) -> bool:
+        """When every active request is greedy, its chunk and all its further proposals in one kernel call of the
+        draft's runner (the tokens the stepwise loop would draw); False where that path does not apply."""
         if any(requests[i].params.temperature > 0 for i in active):
             return False
-        rest = self.runner.greedy_proposals(
-            [requests[i].request_id for i in active], [proposals[i][-1] for i in active],
-            [requests[i].num_tokens + depth - 1 for i in active], [lengths[i] - depth for i in active],
-            [self.block_manager.block_table(requests[i].request_id) for i in active], self.vocab_size)
-        if rest is None:
+        continued = self.runner.greedy_proposals(chunks, [lengths[i] for i in active], self.vocab_size)
+        if continued is None:
             return False
-        for index, tokens in zip(active, rest, strict=True):
+        for index, tokens in zip(active, continued, strict=True):
             proposals[index].extend(tokens)
         return True
 

@@ -631,58 +631,81 @@ at::Tensor decode_layers(const at::Tensor& embedded, const at::Tensor& cos, cons
   return rms_norm(hidden, final_norm, eps);
 }
 
-// ---- a draft model's greedy proposals: several small decode steps, each fed its own argmax, in one call ----
+// ---- a draft model's greedy proposals: several small steps, each fed its own argmax, in one call ----
 //
-// Sequence n's token `first_tokens[n]` sits at position `first_positions[n]`; its next `steps[n]` greedy tokens
-// are computed one decode step at a time (decode_layers, the LM head as small_batch_linear, the argmax over the
-// first `vocab_size` logits), each step's token the next step's input. A row whose logits are not all finite
-// proposes nothing more. Returns [sequences, max steps] int64 token ids, -1 past each row's last proposal. The
-// same kernels in the same order as the Python loop (embedding lookup, RoPE rows, layers, LM head, argmax), so
-// the same numbers; positions must have KV slots in `block_tables`.
+// Sequence n first computes its chunk: `chunk_lens[n]` tokens of `chunk_tokens` (sequence after sequence) at
+// `chunk_positions` (the tokens the draft has not seen yet, its newest token last), and takes the argmax of the
+// first `vocab_size` logits at the chunk's last token as its first proposal; then each proposal is the input of
+// a one-token decode step that gives the next, until sequence n has `steps[n]` proposals. A row whose logits are
+// not all finite proposes nothing more. Returns [sequences, max steps] int64 token ids, -1 past each row's last
+// proposal. The same kernels in the same order as the Python loop (embedding lookup, RoPE rows, decode_layers,
+// the LM head as small_batch_linear on the scored rows, argmax), so the same numbers; every position written
+// must have a KV slot in `block_tables`.
 
-at::Tensor greedy_proposals(const at::Tensor& first_tokens, const at::Tensor& first_positions, const at::Tensor& steps,
-                            const at::Tensor& block_tables, const at::Tensor& embedding, const at::Tensor& lm_head,
-                            int64_t vocab_size, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+at::Tensor greedy_proposals(const at::Tensor& chunk_tokens, const at::Tensor& chunk_positions,
+                            const at::Tensor& chunk_lens, const at::Tensor& steps, const at::Tensor& block_tables,
+                            const at::Tensor& embedding, const at::Tensor& lm_head, int64_t vocab_size,
+                            const at::Tensor& rope_cos, const at::Tensor& rope_sin,
                             const c10::List<std::optional<at::Tensor>>& layers, const at::Tensor& final_norm,
                             const std::vector<at::Tensor>& caches, int64_t num_heads, int64_t num_kv_heads,
                             int64_t head_dim, int64_t block_size, double eps, double scale) {
-  check_cpu_int(first_tokens, "first_tokens", at::kLong);
-  check_cpu_int(first_positions, "first_positions", at::kLong);
+  check_cpu_int(chunk_tokens, "chunk_tokens", at::kLong);
+  check_cpu_int(chunk_positions, "chunk_positions", at::kLong);
+  check_cpu_int(chunk_lens, "chunk_lens", at::kLong);
   check_cpu_int(steps, "steps", at::kLong);
   check_cpu_int(block_tables, "block_tables", at::kInt);
   check_cpu_float(embedding, "embedding");
   check_cpu_float(lm_head, "lm_head");
-  const int64_t rows = first_tokens.numel();
-  TORCH_CHECK(first_positions.numel() == rows && steps.numel() == rows && block_tables.size(0) == rows,
-              "one first token, position, step count and block table per sequence");
+  const int64_t rows = chunk_lens.numel();
+  TORCH_CHECK(steps.numel() == rows && block_tables.size(0) == rows,
+              "one chunk length, step count and block table per sequence");
+  TORCH_CHECK(chunk_positions.numel() == chunk_tokens.numel() &&
+              (rows == 0 || (chunk_lens.min().item<int64_t>() >= 1 && chunk_lens.sum().item<int64_t>() ==
+                             chunk_tokens.numel())), "every sequence needs a chunk of at least one token");
+  TORCH_CHECK(rows == 0 || steps.min().item<int64_t>() >= 1, "every sequence proposes at least one token");
   TORCH_CHECK(vocab_size > 0 && vocab_size <= lm_head.size(0), "vocab_size must be within the LM head's rows");
-  const int64_t max_steps = rows ? steps.max().item<int64_t>() : 0;
-  TORCH_CHECK(max_steps >= 0 && max_steps * block_size >= 0, "steps must not be negative");
-  TORCH_CHECK(rows == 0 || (first_positions + steps).max().item<int64_t>() <= block_tables.size(1) * block_size,
-              "a proposal's position has no KV slot in its block table");
-  at::Tensor proposals = at::full({rows, max_steps}, -1, first_tokens.options());
-  at::Tensor tokens = first_tokens.clone(), positions = first_positions.clone(), remaining = steps.clone();
-  for (int64_t step = 0; step < max_steps; ++step) {
-    const at::Tensor live = (remaining > step).nonzero().squeeze(1);
-    const int64_t count = live.numel();
-    if (count == 0) break;
-    const at::Tensor ids = tokens.index_select(0, live), position = positions.index_select(0, live);
-    const at::Tensor tables = block_tables.index_select(0, live);
-    const at::Tensor slots = tables.gather(1, at::floor_divide(position, block_size).unsqueeze(1)).squeeze(1)
+  if (rows == 0) return at::empty({0, 0}, chunk_tokens.options());
+  const at::Tensor query_start = at::cumsum(chunk_lens, 0) - chunk_lens;
+  const at::Tensor last_rows = query_start + chunk_lens - 1;
+  at::Tensor positions = chunk_positions.index_select(0, last_rows);
+  const int64_t max_steps = steps.max().item<int64_t>();
+  TORCH_CHECK((positions + steps).max().item<int64_t>() <= block_tables.size(1) * block_size,
+              "a position to write has no KV slot in its block table");
+  const at::Tensor row_of_token = at::repeat_interleave(at::arange(rows, chunk_lens.options()), chunk_lens);
+  auto run = [&](const at::Tensor& ids, const at::Tensor& position, const at::Tensor& tables,
+                 const at::Tensor& token_tables, const at::Tensor& starts, const at::Tensor& lens,
+                 const at::Tensor& scored) {
+    const at::Tensor slots = token_tables.gather(1, at::floor_divide(position, block_size).unsqueeze(1)).squeeze(1)
                                  .to(at::kLong) * block_size + position.remainder(block_size);
     const at::Tensor embedded = embedding.index_select(0, ids);
     const at::Tensor hidden = decode_layers(
         embedded, rope_cos.index_select(0, position).to(embedded.scalar_type()),
         rope_sin.index_select(0, position).to(embedded.scalar_type()), layers, final_norm, caches, slots, tables,
-        at::arange(count, position.options()), at::ones_like(position), position + 1, num_heads, num_kv_heads,
-        head_dim, block_size, eps, scale);
-    const at::Tensor logits = small_batch_linear(hidden, lm_head, std::nullopt).narrow(1, 0, vocab_size);
+        starts, lens, position.index_select(0, scored) + 1, num_heads, num_kv_heads, head_dim, block_size, eps, scale);
+    return small_batch_linear(hidden.index_select(0, scored), lm_head, std::nullopt).narrow(1, 0, vocab_size);
+  };
+  at::Tensor proposals = at::full({rows, max_steps}, -1, chunk_tokens.options());
+  at::Tensor tokens = at::empty({rows}, chunk_tokens.options()), remaining = steps.clone();
+  for (int64_t step = 0; step < max_steps; ++step) {
+    const at::Tensor live = step == 0 ? at::arange(rows, steps.options()) : (remaining > step).nonzero().squeeze(1);
+    const int64_t count = live.numel();
+    if (count == 0) break;
+    at::Tensor logits;
+    if (step == 0) {
+      logits = run(chunk_tokens, chunk_positions, block_tables, block_tables.index_select(0, row_of_token),
+                   query_start, chunk_lens, last_rows);
+    } else {
+      const at::Tensor tables = block_tables.index_select(0, live);
+      const at::Tensor position = positions.index_select(0, live) + 1;
+      const at::Tensor each = at::arange(count, position.options());
+      logits = run(tokens.index_select(0, live), position, tables, tables, each, at::ones_like(position), each);
+      positions.index_put_({live}, position);
+    }
     const at::Tensor finite = at::isfinite(logits).all(1);
     const at::Tensor chosen = logits.argmax(1);
     proposals.select(1, step).index_put_({live}, at::where(finite, chosen, at::full_like(chosen, -1)));
     remaining.index_put_({live}, at::where(finite, remaining.index_select(0, live), at::full_like(chosen, step + 1)));
     tokens.index_put_({live}, chosen);
-    positions.index_put_({live}, position + 1);
   }
   return proposals;
 }
@@ -702,9 +725,9 @@ TORCH_LIBRARY(playground_cpu, m) {
         "Tensor(a!)[] caches, Tensor slot_mapping, Tensor block_tables, Tensor query_start, Tensor query_len, "
         "Tensor context_lens, int num_heads, "
         "int num_kv_heads, int head_dim, int block_size, float eps, float scale) -> Tensor");
-  m.def("greedy_proposals(Tensor first_tokens, Tensor first_positions, Tensor steps, Tensor block_tables, "
-        "Tensor embedding, Tensor lm_head, int vocab_size, Tensor rope_cos, Tensor rope_sin, Tensor?[] layers, "
-        "Tensor final_norm, Tensor(a!)[] caches, int num_heads, int num_kv_heads, int head_dim, int block_size, "
+  m.def("greedy_proposals(Tensor chunk_tokens, Tensor chunk_positions, Tensor chunk_lens, Tensor steps, "
+        "Tensor block_tables, Tensor embedding, Tensor lm_head, int vocab_size, Tensor rope_cos, Tensor rope_sin, "
+        "Tensor?[] layers, Tensor final_norm, Tensor(a!)[] caches, int num_heads, int num_kv_heads, int head_dim, int block_size, "
         "float eps, float scale) -> Tensor");
 }
 
