@@ -29,7 +29,9 @@ from engine.training.model import (
     TrainReport,
     TrainSettings,
     build_model,
+    combined_report,
     count_parameters,
+    replay_mix,
     token_stream,
     train,
     windows,
@@ -45,8 +47,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-steps", type=int, default=1850)
-    parser.add_argument("--draft-steps", type=int, default=600)
+    parser.add_argument("--target-steps", type=int, default=900,
+                        help="steps of the target's broad pass over every document and chat")
+    parser.add_argument("--recall-steps", type=int, default=900,
+                        help="steps of the target's recall pass over the popular chats (plus replayed broad windows)")
+    parser.add_argument("--recall-replay", type=float, default=0.3,
+                        help="share of the recall pass's windows replayed from the broad pass's data")
+    parser.add_argument("--draft-steps", type=int, default=800)
     parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
@@ -158,6 +165,7 @@ def main(argv: list[str]) -> None:
     chats = corpus.train_chats + corpus.popular_chats
     train_stream = token_stream(tokenizer, corpus.train_text, chats)
     chat_data = windows(token_stream(tokenizer, [], chats), SEQ_LEN)
+    popular_data = windows(token_stream(tokenizer, [], corpus.popular_chats), SEQ_LEN)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     heldout_data = windows(heldout_stream, SEQ_LEN)
     clock.lap("corpus + tokenizer")
@@ -176,14 +184,21 @@ def main(argv: list[str]) -> None:
             clock.wall[phase], clock.cpu[phase] = previous.seconds[phase], previous.cpu_seconds[phase]
         target_info = previous.target
     else:
-        print("training the target")
-        report = train(target, windows(train_stream, SEQ_LEN), TrainSettings(steps=args.target_steps, seed=args.seed))
+        broad_data = windows(train_stream, SEQ_LEN)
+        print("training the target: broad pass over documents and chats")
+        broad = train(target, broad_data, TrainSettings(steps=args.target_steps, seed=args.seed))
+        print("training the target: recall pass over the popular chats")
+        recall_data = replay_mix(popular_data, broad_data, args.recall_replay, args.seed + 2)
+        recall = train(target, recall_data, TrainSettings(steps=args.recall_steps, lr=1e-3, warmup=20,
+                                                          seed=args.seed + 2))
         commands = [command]
-        target_info = model_facts(target_params, TARGET_SHAPE, report, save(target, tokenizer, args.out / "demo-chat"))
+        target_info = model_facts(target_params, TARGET_SHAPE, combined_report(broad, recall),
+                                  save(target, tokenizer, args.out / "demo-chat"))
+        target_info["passes"] = {"broad": broad.steps, "recall": recall.steps, "recall_replay": args.recall_replay}
         clock.lap("target")
 
-    print("distilling the draft on the chat turns")
-    report = train(draft, chat_data, TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
+    print("distilling the draft on the chat turns, half of them popular")
+    report = train(draft, replay_mix(popular_data, chat_data, 0.5, args.seed + 3), TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
                    loss_fn=distillation_loss(target))
     draft_info = model_facts(draft_params, DRAFT_SHAPE, report, save(draft, tokenizer, args.out / "demo-draft"))
     clock.lap("draft")

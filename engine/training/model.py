@@ -100,6 +100,27 @@ def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.stack([stream[s: s + seq_len + 1] for s in starts.tolist()])
 
 
+def replay_mix(focus: torch.Tensor, broad: torch.Tensor, replay_share: float, seed: int) -> torch.Tensor:
+    """`focus` windows plus a random sample of `broad` ones making up `replay_share` of the result.
+
+    A recall pass trains mostly on what must be recalled; the replayed broad windows keep the
+    language model it already learned from drifting (its held-out perplexity).
+    """
+    count = round(len(focus) * replay_share / (1 - replay_share))
+    generator = torch.Generator().manual_seed(seed)
+    picked = torch.randperm(len(broad), generator=generator)[:count]
+    return torch.cat([focus, broad[picked]])
+
+
+def combined_report(*reports: TrainReport) -> TrainReport:
+    """One report for consecutive runs on the same model."""
+    return TrainReport(
+        steps=sum(r.steps for r in reports), seconds=sum(r.seconds for r in reports),
+        cpu_seconds=sum(r.cpu_seconds for r in reports), tokens=sum(r.tokens for r in reports),
+        losses=[loss for r in reports for loss in r.losses],
+    )
+
+
 def next_token_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=batch[:, :-1]).logits
     return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
