@@ -41,6 +41,7 @@ from engine.training.tokenizer import train_tokenizer
 
 SEQ_LEN = 256
 HELDOUT_SAMPLE = "demo-heldout.json"
+CHAT_QUESTIONS = "demo-questions.jsonl"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -111,6 +112,14 @@ def write_heldout_sample(path: Path, corpus, tokenizer) -> None:
         "template. Written by the build (python -m engine.training) from this Python's standard library."
     )
     path.write_text(json.dumps({"about": about, "texts": texts}, indent=1, ensure_ascii=False) + "\n")
+
+
+def write_chat_questions(path: Path, cases: list[tuple[str, str]]) -> None:
+    """The graded questions about trained entries (fresh phrasings) as a prompt file: what `--dataset chat`
+    asks the demo model (presets/models.toml `chat_prompts`), so benchmarks ask what it was taught."""
+    lines = [json.dumps({"messages": [{"role": "user", "content": question}]}, ensure_ascii=False)
+             for question, _ in cases]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -245,6 +254,7 @@ def main(argv: list[str]) -> None:
     )
     write_card(args.out / "README.md", results)
     write_heldout_sample(args.out / HELDOUT_SAMPLE, corpus, tokenizer)
+    write_chat_questions(args.out / CHAT_QUESTIONS, trained_cases)
     print(f"done in {sum(clock.wall.values()) / 60:.1f} min ({sum(clock.cpu.values()) / 60:.1f} CPU-min): "
           f"ppl target {target_info['ppl']:.2f}, draft {draft_info['ppl']:.2f}; "
           f"{recall_summary(results)}; draft cost ratio {cost_ratio:.2f}")

@@ -122,6 +122,19 @@ def recall_row(name: str, answers: list[GradedAnswer]) -> str:
     return f"| {name} | {rate(on_topic, total)} | {rate(repeats, total)} | {rate(references, total)} |"
 
 
+def training_passes(target: dict) -> str:
+    """How the target's steps were spent (builds before the two-pass schedule trained in one pass)."""
+    passes = target.get("passes")
+    if not passes:
+        return "The target trains on documents and chats; the draft is distilled on the chats."
+    return (
+        f"The target trains in two passes: a broad one of {passes['broad']} steps over every document and "
+        f"chat, then a recall pass of {passes['recall']} steps over the popular chats, "
+        f"{passes['recall_replay']:.0%} of its windows replayed from the broad data so that what the broad pass "
+        "learned is kept. The draft is distilled on the chats, half of its windows from the popular ones."
+    )
+
+
 def baseline_note(baseline: dict | None) -> str:
     if not baseline:
         return ""
@@ -212,8 +225,7 @@ the answer is the leading prose of its documentation, from its first sentence (a
 characters at most), ending with the end-of-turn token. The {corpus['popular_entries']} popular
 entries (`engine/training/popular.py`: builtins, statements, and the main functions and
 classes of the commonly used modules) get {corpus['popular_copies']} more chats each, each
-phrased anew. The target trains on documents and chats; the draft is distilled on the
-chats. Everything is deduplicated, then about 5% of the rest is held out by hashing the
+phrased anew. {training_passes(results.target)} Everything is deduplicated, then about 5% of the rest is held out by hashing the
 top-level module or topic section, so held-out modules contribute nothing to training;
 popular entries always train. Perplexity is measured on the held-out documents and chats.
 
