@@ -48,11 +48,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-steps", type=int, default=900,
+    parser.add_argument("--target-steps", type=int, default=700,
                         help="steps of the target's broad pass over every document and chat")
-    parser.add_argument("--recall-steps", type=int, default=900,
+    parser.add_argument("--recall-steps", type=int, default=1400,
                         help="steps of the target's recall pass over the popular chats (plus replayed broad windows)")
-    parser.add_argument("--recall-replay", type=float, default=0.3,
+    parser.add_argument("--recall-replay", type=float, default=0.2,
                         help="share of the recall pass's windows replayed from the broad pass's data")
     parser.add_argument("--draft-steps", type=int, default=800)
     parser.add_argument("--popular-copies", type=int, default=100,
@@ -198,8 +198,7 @@ def main(argv: list[str]) -> None:
         broad = train(target, broad_data, TrainSettings(steps=args.target_steps, seed=args.seed))
         print("training the target: recall pass over the popular chats")
         recall_data = replay_mix(popular_data, broad_data, args.recall_replay, args.seed + 2)
-        recall = train(target, recall_data, TrainSettings(steps=args.recall_steps, lr=1e-3, warmup=20,
-                                                          seed=args.seed + 2))
+        recall = train(target, recall_data, TrainSettings(steps=args.recall_steps, seed=args.seed + 2))
         commands = [command]
         target_info = model_facts(target_params, TARGET_SHAPE, combined_report(broad, recall),
                                   save(target, tokenizer, args.out / "demo-chat"))
