@@ -27,7 +27,7 @@ from playground.session import pack
 if TYPE_CHECKING:
     from playground.handlers import Playground
 
-DEFAULT_PROMPTS = "What does the json module do?\nHow do I read a file line by line?"
+DEFAULT_PROMPTS = "What does json.dumps do?\nHow do I use pathlib.Path?"
 DEFAULT_B = "speculative-draft"
 INPUTS = ("cmp_a_source", "cmp_a_changes", "cmp_b_source", "cmp_b_changes", "cmp_prompts", "cmp_max_tokens",
           "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed", "cmp_repeats", "cmp_baseline", "cmp_perplexity")

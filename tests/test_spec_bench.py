@@ -4,6 +4,7 @@ under vLLM's names; the speculative presets and the repeat workload are valid.""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -49,6 +50,11 @@ def test_warm_up_verifications_are_not_counted():
     assert figures["spec_decode_per_position_acceptance_rates"] == [0.7, 0.6, 0.4, 0.3]
 
 
+COMMON_WORDS = {"what", "does", "the", "for", "you", "can", "tell", "about", "explain", "please", "describe", "is",
+                "me", "briefly", "purpose", "know", "like", "to", "of", "should", "quick", "question", "give", "short",
+                "explanation", "remind", "a", "an", "how", "use", "i", "do", "could", "what's"}
+
+
 def test_speculative_presets_and_the_repeat_workload_are_valid():
     assert build_config("speculative-draft", {}).speculative == "draft"
     assert build_config("speculative-ngram", {}).speculative == "ngram"
@@ -56,4 +62,8 @@ def test_speculative_presets_and_the_repeat_workload_are_valid():
     assert len(prompts) >= 8
     for messages in prompts:
         assert [m["role"] for m in messages] == ["user", "assistant", "user"]
-        assert messages[1]["content"] and "word for word" in messages[2]["content"]
+        first, again = ({word.strip(".") for word in re.findall(r"[\w.]+", m["content"].lower())}
+                        for m in (messages[0], messages[2]))
+        assert messages[1]["content"] and messages[0]["content"] != messages[2]["content"]
+        assert any("." in word or word.isidentifier() and len(word) > 2 for word in first & again - COMMON_WORDS), \
+            "the second question asks about the same entry as the first"

@@ -206,7 +206,8 @@ def main(argv: list[str]) -> None:
         clock.lap("target")
 
     print("distilling the draft on the chat turns, half of them popular")
-    report = train(draft, replay_mix(popular_data, chat_data, 0.5, args.seed + 3), TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
+    report = train(draft, replay_mix(popular_data, chat_data, 0.5, args.seed + 3),
+                   TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
                    loss_fn=distillation_loss(target))
     draft_info = model_facts(draft_params, DRAFT_SHAPE, report, save(draft, tokenizer, args.out / "demo-draft"))
     clock.lap("draft")

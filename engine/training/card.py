@@ -225,7 +225,8 @@ the answer is the leading prose of its documentation, from its first sentence (a
 characters at most), ending with the end-of-turn token. The {corpus['popular_entries']} popular
 entries (`engine/training/popular.py`: builtins, statements, and the main functions and
 classes of the commonly used modules) get {corpus['popular_copies']} more chats each, each
-phrased anew. {training_passes(results.target)} Everything is deduplicated, then about 5% of the rest is held out by hashing the
+phrased anew. {training_passes(results.target)}
+Everything is deduplicated, then about 5% of the rest is held out by hashing the
 top-level module or topic section, so held-out modules contribute nothing to training;
 popular entries always train. Perplexity is measured on the held-out documents and chats.
 
