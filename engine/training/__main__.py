@@ -37,6 +37,7 @@ from engine.training.model import (
     windows,
 )
 from engine.training.popular import DEFAULT_POPULAR_ENTRIES, SUGGESTED_QUESTIONS
+from engine.training.questions import write_prompt_file
 from engine.training.tokenizer import train_tokenizer
 
 SEQ_LEN = 256
@@ -117,9 +118,7 @@ def write_heldout_sample(path: Path, corpus, tokenizer) -> None:
 def write_chat_questions(path: Path, cases: list[tuple[str, str]]) -> None:
     """The graded questions about trained entries (fresh phrasings) as a prompt file: what `--dataset chat`
     asks the demo model (presets/models.toml `chat_prompts`), so benchmarks ask what it was taught."""
-    lines = [json.dumps({"messages": [{"role": "user", "content": question}]}, ensure_ascii=False)
-             for question, _ in cases]
-    path.write_text("\n".join(lines) + "\n")
+    write_prompt_file(path, [[{"role": "user", "content": question}] for question, _ in cases])
 
 
 def load_target(folder: Path, record: BuildResults):

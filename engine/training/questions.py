@@ -11,7 +11,9 @@ than of a memorised question.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 GENERIC_TEMPLATES = [
     "What does {name} do?",
@@ -129,3 +131,10 @@ def fresh_question(kind: str, name: str, index: int) -> str:
     """An evaluation question in a phrasing no training chat uses (template chosen by `index`)."""
     rng = random.Random(f"fresh:{name}")
     return phrase(FRESH_TEMPLATES[index % len(FRESH_TEMPLATES)], kind, name, rng)
+
+
+def write_prompt_file(path: Path, conversations: list[list[dict]]) -> None:
+    """Conversations as a prompt file, one {"messages": [...]} object per line (what `engine.bench --dataset`
+    and the playground's Benchmark tab read)."""
+    lines = [json.dumps({"messages": messages}, ensure_ascii=False) for messages in conversations]
+    path.write_text("\n".join(lines) + "\n")

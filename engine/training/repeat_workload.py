@@ -9,7 +9,6 @@ question; the first answer is the bundled target's own greedy reply (run here wi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -17,18 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.training.corpus import build_corpus
-from engine.training.evaluate import prompt_ids
-from engine.training.questions import fresh_question
-
-MAX_ANSWER_TOKENS = 128
-
-
-@torch.no_grad()
-def greedy_answer(model, tokenizer, question: str) -> str:
-    ids = torch.tensor([prompt_ids(tokenizer, question)])
-    output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_ANSWER_TOKENS,
-                            do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).strip()
+from engine.training.evaluate import greedy_answer
+from engine.training.questions import fresh_question, write_prompt_file
 
 
 def main(argv: list[str]) -> None:
@@ -42,15 +31,14 @@ def main(argv: list[str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     popular = build_corpus(popular_copies=1).popular
     picked = popular[::max(1, len(popular) // args.count)][:args.count]
-    lines = []
+    conversations = []
     for index, entry in enumerate(picked):
         first, again = fresh_question(entry.kind, entry.name, index), fresh_question(entry.kind, entry.name, index + 1)
-        answer = greedy_answer(model, tokenizer, first)
-        messages = [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
-                    {"role": "user", "content": again}]
-        lines.append(json.dumps({"messages": messages}, ensure_ascii=False))
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {len(lines)} conversations to {args.out}")
+        conversations.append([{"role": "user", "content": first},
+                              {"role": "assistant", "content": greedy_answer(model, tokenizer, first)},
+                              {"role": "user", "content": again}])
+    write_prompt_file(args.out, conversations)
+    print(f"wrote {len(conversations)} conversations to {args.out}")
 
 
 if __name__ == "__main__":
