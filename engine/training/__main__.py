@@ -31,6 +31,7 @@ from engine.training.model import (
     build_model,
     combined_report,
     count_parameters,
+    oversampled_mix,
     replay_mix,
     token_stream,
     train,
@@ -51,8 +52,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=6144)
     parser.add_argument("--target-steps", type=int, default=700,
                         help="steps of the target's broad pass over every document and chat")
+    parser.add_argument("--popular-share", type=float, default=0.0,
+                        help="share of the broad pass's windows drawn from the popular chats (repeated to fill it)")
     parser.add_argument("--recall-steps", type=int, default=1400,
-                        help="steps of the target's recall pass over the popular chats (plus replayed broad windows)")
+                        help="steps of an optional second pass over the popular chats (plus replayed broad "
+                             "windows); 0 skips it")
     parser.add_argument("--recall-replay", type=float, default=0.2,
                         help="share of the recall pass's windows replayed from the broad pass's data")
     parser.add_argument("--draft-steps", type=int, default=800)
@@ -193,15 +197,19 @@ def main(argv: list[str]) -> None:
         target_info = previous.target
     else:
         broad_data = windows(train_stream, SEQ_LEN)
-        print("training the target: broad pass over documents and chats")
-        broad = train(target, broad_data, TrainSettings(steps=args.target_steps, seed=args.seed))
-        print("training the target: recall pass over the popular chats")
-        recall_data = replay_mix(popular_data, broad_data, args.recall_replay, args.seed + 2)
-        recall = train(target, recall_data, TrainSettings(steps=args.recall_steps, seed=args.seed + 2))
+        if args.popular_share > 0:
+            broad_data = oversampled_mix(popular_data, broad_data, args.popular_share, args.seed + 4)
+        print(f"training the target: broad pass over documents and chats ({args.popular_share:.0%} popular)")
+        reports = [train(target, broad_data, TrainSettings(steps=args.target_steps, seed=args.seed))]
+        if args.recall_steps > 0:
+            print("training the target: recall pass over the popular chats")
+            recall_data = replay_mix(popular_data, broad_data, args.recall_replay, args.seed + 2)
+            reports.append(train(target, recall_data, TrainSettings(steps=args.recall_steps, seed=args.seed + 2)))
         commands = [command]
-        target_info = model_facts(target_params, TARGET_SHAPE, combined_report(broad, recall),
+        target_info = model_facts(target_params, TARGET_SHAPE, combined_report(*reports),
                                   save(target, tokenizer, args.out / "demo-chat"))
-        target_info["passes"] = {"broad": broad.steps, "recall": recall.steps, "recall_replay": args.recall_replay}
+        target_info["passes"] = {"broad": args.target_steps, "popular_share": args.popular_share,
+                                 "recall": args.recall_steps, "recall_replay": args.recall_replay}
         clock.lap("target")
 
     print("distilling the draft on the chat turns, half of them popular")

@@ -112,6 +112,20 @@ def replay_mix(focus: torch.Tensor, broad: torch.Tensor, replay_share: float, se
     return torch.cat([focus, broad[picked]])
 
 
+def oversampled_mix(focus: torch.Tensor, broad: torch.Tensor, focus_share: float, seed: int) -> torch.Tensor:
+    """Every `broad` window plus `focus` windows repeated until they make up `focus_share` of the result.
+
+    One pass that sees the whole corpus while the entries people ask about most come round again
+    and again: recall without a second pass that drifts the language model away from the rest
+    (held-out perplexity). Whole copies of `focus` first, then a random sample for the remainder.
+    """
+    wanted = round(len(broad) * focus_share / (1 - focus_share))
+    copies, remainder = divmod(wanted, len(focus))
+    generator = torch.Generator().manual_seed(seed)
+    sample = focus[torch.randperm(len(focus), generator=generator)[:remainder]]
+    return torch.cat([broad, focus.repeat(copies, 1), sample])
+
+
 def combined_report(*reports: TrainReport) -> TrainReport:
     """One report for consecutive runs on the same model."""
     return TrainReport(
