@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.training.answer_check import opens_with_reference, repeats_four_words
-from engine.training.card import BuildResults, read_build_record, write_card
+from engine.training.card import BuildResults, read_build_record, training_passes, write_card
 from engine.training.corpus import (
     POPULAR_MIN_CHARS,
     answer_for,
@@ -25,7 +25,15 @@ from engine.training.corpus import (
 )
 from engine.training.distill import distillation_loss
 from engine.training.evaluate import GradedAnswer, forward_cost_ratio, speculative_acceptance
-from engine.training.model import ModelShape, TrainSettings, build_model, token_stream, train, windows
+from engine.training.model import (
+    ModelShape,
+    TrainSettings,
+    build_model,
+    oversampled_mix,
+    token_stream,
+    train,
+    windows,
+)
 from engine.training.popular import (
     DEFAULT_POPULAR_ENTRIES,
     POPULAR_NAMES,
@@ -162,6 +170,24 @@ def test_c_docstring_signatures_are_dropped_and_their_descriptions_kept():
         "Create an iterator\nthat repeats."
     )
     assert without_signature("int([x]) -> integer\nint(x, base=10) -> integer\n\nConvert.") == "Convert."
+
+
+def test_oversampled_mix_keeps_every_broad_window_and_repeats_the_focus_to_its_share():
+    broad = torch.arange(90).reshape(30, 3)
+    focus = -torch.arange(1, 13).reshape(4, 3)
+    mix = oversampled_mix(focus, broad, focus_share=0.6, seed=0)
+    assert len(mix) == 75 and torch.equal(mix[:30], broad)
+    focus_rows = mix[30:]
+    assert (focus_rows < 0).all()
+    counts = [int((focus_rows == row).all(dim=1).sum()) for row in focus]
+    assert sum(counts) == 45 and set(counts) <= {11, 12}
+
+
+def test_card_describes_the_schedule_that_ran():
+    one_pass = training_passes({"passes": {"broad": 3000, "popular_share": 0.6, "recall": 0, "recall_replay": 0.2}})
+    assert "one pass of 3000 steps" in one_pass and "60%" in one_pass and "recall pass" not in one_pass
+    two_pass = training_passes({"passes": {"broad": 700, "recall": 1400, "recall_replay": 0.2}})
+    assert "broad pass of 700 steps" in two_pass and "recall pass of 1400 steps" in two_pass
 
 
 def test_answer_check_accepts_the_documented_sentence_or_a_close_restatement_only():

@@ -123,16 +123,25 @@ def recall_row(name: str, answers: list[GradedAnswer]) -> str:
 
 
 def training_passes(target: dict) -> str:
-    """How the target's steps were spent (builds before the two-pass schedule trained in one pass)."""
+    """How the target's steps were spent: one pass (popular chats oversampled or not), or a recall pass after it."""
     passes = target.get("passes")
     if not passes:
         return "The target trains on documents and chats; the draft is distilled on the chats."
-    return (
-        f"The target trains in two passes: a broad one of {passes['broad']} steps over every document and "
-        f"chat, then a recall pass of {passes['recall']} steps over the popular chats, "
-        f"{passes['recall_replay']:.0%} of its windows replayed from the broad data so that what the broad pass "
-        "learned is kept. The draft is distilled on the chats, half of its windows from the popular ones."
+    share = passes.get("popular_share", 0.0)
+    broad = (
+        f"The target trains in one pass of {passes['broad']} steps over every document and chat, the popular "
+        f"chats repeated until they make up {share:.0%} of its windows, so that the entries people ask about "
+        "come round again and again while the rest of the corpus is seen too."
+        if share > 0 else
+        f"The target trains in a broad pass of {passes['broad']} steps over every document and chat."
     )
+    recall = (
+        f" Then a recall pass of {passes['recall']} steps goes over the popular chats, "
+        f"{passes['recall_replay']:.0%} of its windows replayed from the broad data so that what the broad pass "
+        "learned is kept."
+        if passes.get("recall", 0) > 0 else ""
+    )
+    return f"{broad}{recall} The draft is distilled on the chats, half of its windows from the popular ones."
 
 
 def baseline_note(baseline: dict | None) -> str:
