@@ -183,6 +183,33 @@ def test_oversampled_mix_keeps_every_broad_window_and_repeats_the_focus_to_its_s
     assert sum(counts) == 45 and set(counts) <= {11, 12}
 
 
+def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, monkeypatch, one_thread):
+    """The whole build on a tiny slice (a few seconds of steps): `--popular-share` reaches the target's pass."""
+    import engine.training.__main__ as build
+
+    mixes, trained_on = [], []
+    real_mix, real_train = build.oversampled_mix, build.train
+
+    def recording_mix(focus, broad, focus_share, seed):
+        mix = real_mix(focus, broad, focus_share, seed)
+        mixes.append((len(broad), focus_share, len(mix)))
+        return mix
+
+    def recording_train(model, data, settings, **kwargs):
+        trained_on.append(len(data))
+        return real_train(model, data, settings, **kwargs)
+
+    monkeypatch.setattr(build, "oversampled_mix", recording_mix)
+    monkeypatch.setattr(build, "train", recording_train)
+    build.main(["--out", str(tmp_path), "--limit", "60", "--popular-copies", "2", "--vocab-size", "512",
+                "--target-steps", "2", "--recall-steps", "0", "--popular-share", "0.5", "--draft-steps", "2",
+                "--recall-questions", "2"])
+    [(broad, share, mixed)] = mixes
+    assert share == 0.5 and mixed == 2 * broad
+    assert trained_on[0] == mixed, "the target's pass trains on the mix, not on the broad windows alone"
+    assert json.loads((tmp_path / "build.json").read_text())["target"]["passes"]["popular_share"] == 0.5
+
+
 def test_card_describes_the_schedule_that_ran():
     one_pass = training_passes({"passes": {"broad": 3000, "popular_share": 0.6, "recall": 0, "recall_replay": 0.2}})
     assert "one pass of 3000 steps" in one_pass and "60%" in one_pass and "recall pass" not in one_pass
