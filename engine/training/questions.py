@@ -50,6 +50,34 @@ GENERIC_TEMPLATES = [
     "Tell me what {name} does.",
     "{name} - what is it?",
     "Docs for {name}?",
+    "Any idea what {name} does?",
+    "I don't get {name}. Help?",
+    "Need a summary of {name}.",
+    "What is the point of {name}?",
+    "Why would I use {name}?",
+    "{name}: what does it do?",
+    "{name}?",
+    "Is {name} worth using?",
+    "Wondering what {name} is.",
+    "I keep seeing {name}. What is it?",
+    "I came across {name} in a script. What is it for?",
+    "My code calls {name}. What does that do?",
+    "Brief description of {name}, please.",
+    "Tell me the gist of {name}.",
+    "In one sentence, what is {name}?",
+    "I'm curious about {name}.",
+    "What exactly is {name}?",
+    "So what does {name} actually do?",
+    "Do you know what {name} is?",
+    "How would you sum up {name}?",
+    "Looking for info on {name}.",
+    "Can I get an explanation of {name}?",
+    "Help with {name} please",
+    "Teach me {name}.",
+    "What's the role of {name}?",
+    "My teacher mentioned {name}. What is that?",
+    "There is {name} in this file, what is it doing?",
+    "What is {name} in Python?",
 ]
 KIND_TEMPLATES = [
     "What does the {name} {kind} do?",
@@ -73,11 +101,15 @@ FRESH_TEMPLATES = [
 ]
 # Framing around a training question (never around an evaluation one).
 OPENERS = ["Hi, ", "Hello! ", "Hey. ", "Python question: ", "In Python, ", "Sorry to bother you, ",
-           "One more thing: ", "OK, next one. ", "Thanks! Now: ", "Stdlib question: "]
+           "One more thing: ", "OK, next one. ", "Thanks! Now: ", "Stdlib question: ", "Good morning. ",
+           "I'm learning Python. ", "Hi there! ", "Another question. ", "Hmm, ", "Beginner here: ",
+           "So, ", "Dumb question: ", "Real quick: ", "For my homework: "]
 CLOSERS = [" Thanks.", " Thanks!", " Please keep it short.", " In simple words.", " I'm new to Python.",
            " (Python 3)", " Any tips?", " I keep forgetting.", " Asking for a friend.", " Cheers",
-           " It's for a script at work.", " I saw it in a tutorial.", " Short answer is fine."]
-FRAMING_RATE = 0.2
+           " It's for a script at work.", " I saw it in a tutorial.", " Short answer is fine.",
+           " The docs confuse me.", " Thank you!", " I'm on Python 3.11.", " Be brief.", " No code needed.",
+           " It came up in a code review.", " I have an exam tomorrow."]
+FRAMING_RATE = 0.3
 CALLABLE_KINDS = ("function", "method")
 
 
