@@ -50,16 +50,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.training", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("assets/models"))
     parser.add_argument("--vocab-size", type=int, default=6144)
-    parser.add_argument("--target-steps", type=int, default=700,
+    parser.add_argument("--target-steps", type=int, default=3600,
                         help="steps of the target's broad pass over every document and chat")
-    parser.add_argument("--popular-share", type=float, default=0.0,
+    parser.add_argument("--popular-share", type=float, default=0.6,
                         help="share of the broad pass's windows drawn from the popular chats (repeated to fill it)")
-    parser.add_argument("--recall-steps", type=int, default=1400,
+    parser.add_argument("--recall-steps", type=int, default=0,
                         help="steps of an optional second pass over the popular chats (plus replayed broad "
                              "windows); 0 skips it")
     parser.add_argument("--recall-replay", type=float, default=0.2,
                         help="share of the recall pass's windows replayed from the broad pass's data")
-    parser.add_argument("--draft-steps", type=int, default=800)
+    parser.add_argument("--draft-steps", type=int, default=1000)
     parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
