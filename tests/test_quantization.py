@@ -97,12 +97,18 @@ def test_native_and_hf_quantize_the_same_layers(tiny_llama_dir, level):
 
 
 def test_int8_greedy_agrees_with_unquantized_on_demo_prompts():
+    """int8 is the same model: nearly every answer is the float32 one token for token. A near-tie can flip
+    one early token of one answer (the bundled target flips the third token of its json answer), which costs
+    that answer its remaining tokens in the prefix agreement, so the bar is most answers whole and 80% of
+    all tokens; broken scales or a wrong layer change every answer within its first tokens."""
     questions = [[{"role": "user", "content": q}] for q in DEMO_QUESTIONS]
     with Engine(EngineConfig(model="demo", dtype="float32", kv_cache_bytes=2**24)) as engine:
         reference = greedy(engine, questions, 32)
     with Engine(EngineConfig(model="demo", dtype="float32", quantization="int8", kv_cache_bytes=2**24)) as engine:
         quantized = greedy(engine, questions, 32)
-    assert agreeing_fraction(reference, quantized) >= 0.9
+    identical = sum(ref == got for ref, got in zip(reference, quantized))
+    assert identical >= len(questions) - 1
+    assert agreeing_fraction(reference, quantized) >= 0.8
 
 
 def test_four_bit_outputs_follow_the_model(tiny_llama_dir):
