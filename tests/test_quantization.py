@@ -106,7 +106,7 @@ def test_int8_greedy_agrees_with_unquantized_on_demo_prompts():
         reference = greedy(engine, questions, 32)
     with Engine(EngineConfig(model="demo", dtype="float32", quantization="int8", kv_cache_bytes=2**24)) as engine:
         quantized = greedy(engine, questions, 32)
-    identical = sum(ref == got for ref, got in zip(reference, quantized))
+    identical = sum(ref == got for ref, got in zip(reference, quantized, strict=True))
     assert identical >= len(questions) - 1
     assert agreeing_fraction(reference, quantized) >= 0.8
 
