@@ -80,14 +80,25 @@
     const newest = bots[bots.length - 1];
     return newest ? newest.querySelector(".msg-figures:not(.live)") : null;
   };
-  const reportUntilShown = (milliseconds, triesLeft) => {
-    report(milliseconds);
-    setTimeout(() => {
-      const figures = newestFigures();
-      if (armedAt === null && triesLeft > 0 && figures && !figures.innerText.includes("Enter")) {
-        reportUntilShown(milliseconds, triesLeft - 1);
-      }
-    }, 700);
+  // The measured wait of reply number `reply`, kept until that reply's final figures show it: any later
+  // update that lacks it (whenever it arrives) sends it again, at most once per REPORT_GAP_MS and TRIES times.
+  const REPORT_GAP_MS = 700;
+  const TRIES = 6;
+  let unshown = null;
+  const showMeasuredWait = () => {
+    if (unshown === null) return;
+    const figures = newestFigures();
+    if (armedAt !== null || botMessages().length !== unshown.reply || unshown.triesLeft <= 0) {
+      unshown = null;
+      return;
+    }
+    if (!figures || figures.innerText.includes("Enter")) return;
+    const now = performance.now();
+    if (now - unshown.reportedAt < REPORT_GAP_MS) return;
+    unshown.reportedAt = now;
+    unshown.triesLeft -= 1;
+    report(unshown.milliseconds);
+    setTimeout(showMeasuredWait, REPORT_GAP_MS + 50);  // checked again even if nothing changes on the page
   };
 
   new MutationObserver(() => {
@@ -100,9 +111,10 @@
       armedAt = null;
     }
     if (waitedMs !== null && newestFigures()) {
-      reportUntilShown(waitedMs, 5);
+      unshown = { milliseconds: waitedMs, reply: bots.length, triesLeft: TRIES, reportedAt: -Infinity };
       waitedMs = null;
     }
+    showMeasuredWait();
   }).observe(document.body, { subtree: true, childList: true, characterData: true });
 
   markChoices();

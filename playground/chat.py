@@ -105,7 +105,9 @@ class ChatHandlers:
 
     def _stream_reply(self, session: Session, exchange: Exchange, params) -> Iterator[object]:
         """Stream the reply to `exchange` (the newest of the conversation), yielding the engine whenever
-        there is something new to show. Afterwards the exchange is finished (figures, finish reason).
+        there is something new to show. Afterwards the exchange is finished (figures, finish reason) and
+        the caller shows it once: the page reports its measured wait when it sees the finished figures, and
+        a second finished update, computed before that report, could arrive after it and hide it.
 
         Raises Refused, with the exchange removed again, if the prompt is refused before anything
         streams (it does not fit, the model cannot chat, its engine cannot load).
@@ -141,7 +143,7 @@ class ChatHandlers:
                             exchange.finish_reason, exchange.error = delta.finish_reason, delta.error
                         elif session.stop_requested:
                             break  # closing the stream below cancels the request
-                        if now - last_shown >= TEXT_REFRESH_S or delta.finished:
+                        elif now - last_shown >= TEXT_REFRESH_S:
                             last_shown = now
                             yield engine
                 finally:

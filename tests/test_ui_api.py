@@ -17,6 +17,7 @@ import urllib.request
 import gradio as gr
 import pytest
 
+from playground.chat import CHAT_OUTPUTS
 from playground.form import FORM_FIELDS, config_to_form
 from playground.session import config_key
 from playground.settings import Settings
@@ -200,6 +201,22 @@ def test_closing_the_chat_stream_cancels_the_request(running_app):
         while entry.engine.stats()["num_running"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert entry.engine.stats()["num_running"] == 0
+
+
+def test_a_finished_reply_is_shown_by_one_update_the_last(running_app):
+    """The page reports its measured wait when it first sees a reply's final figures: a second final update,
+    computed before that report reached the server, could arrive after the answer to it and hide the wait."""
+    app = running_app.app
+    session = app.new_session()
+    chatbot = CHAT_OUTPUTS.index("chatbot")
+    views = [str(update[chatbot]) for update in app.chat.send("Hello, who are you?", "", app.settings.max_new_tokens,
+                                                              0.0, 1.0, 0, "", [], session)
+             if not isinstance(update[chatbot], type(gr.skip()))]
+    finished = [index for index, view in enumerate(views) if 'class="msg-figures"' in view]
+    assert finished == [len(views) - 1], f"{len(views)} views, the finished reply in {finished}"
+    assert len(views) >= 2, "the question is shown before the reply"
+    (latency_view, _, _) = app.chat.record_visible_latency("850", session)
+    assert "Enter → text" in str(latency_view) and "850 ms" in str(latency_view)
 
 
 def test_sessions_with_the_same_configuration_are_batched_together(running_app):
