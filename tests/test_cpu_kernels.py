@@ -14,6 +14,16 @@ from engine.model.rotary import apply_rotary
 ATOL = 2e-5
 
 
+@pytest.fixture(params=["avx512", "avx2", "baseline"])
+def kernel_level(request):
+    """Attention and the small-batch matmul at each x86-64 level (vector width) this CPU runs; the others skip."""
+    if request.param not in cpu_kernels.kernel_levels():
+        pytest.skip(f"this CPU does not run the {request.param} kernels")
+    previous = cpu_kernels.use_kernel_level(request.param)
+    yield request.param
+    cpu_kernels.use_kernel_level(previous)
+
+
 def reference_attention(q, k_cache, v_cache, tables, query_start, query_len, context_lens, block_size, scale):
     """Each sequence's queries over its first context_len slots (read through its block table), causally."""
     out = torch.zeros_like(q)
@@ -58,10 +68,12 @@ def paged_case(heads, kv_heads, dim, block_size, query_lens, context_lens, seed=
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(8, 4, 64), (8, 8, 32), (4, 1, 128), (6, 2, 24)])
 @pytest.mark.parametrize("block_size", [1, 4, 16, 32])
-def test_paged_attention_matches_reference_and_never_reads_unwritten_slots(heads, kv_heads, dim, block_size):
-    """Decode rows and multi-token chunks over a cached prefix (as speculative verification sends them);
-    every slot no sequence wrote is NaN, so any read past a causal limit would show."""
-    out, expected = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 1],
+def test_paged_attention_matches_reference_and_never_reads_unwritten_slots(heads, kv_heads, dim, block_size,
+                                                                          kernel_level):
+    """Decode rows and multi-token chunks over a cached prefix (as speculative verification and chunked prefill
+    tails send them, up to 32 tokens); every slot no sequence wrote is NaN, so any read past a causal limit
+    would show."""
+    out, expected = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 32],
                                context_lens=[1, 40, 17, 61, 33])
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=1e-4)
@@ -96,7 +108,7 @@ def test_paged_attention_refuses_block_ids_outside_the_pool():
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11])
 @pytest.mark.parametrize("in_features,out_features", [(512, 1024), (33, 7), (64, 130)])
-def test_small_batch_linear_matches_f_linear(rows, in_features, out_features):
+def test_small_batch_linear_matches_f_linear(rows, in_features, out_features, kernel_level):
     generator = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator)

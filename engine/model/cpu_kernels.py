@@ -92,6 +92,16 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return torch.ops.playground_cpu.small_batch_linear(x, weight, bias)
 
 
+def kernel_levels() -> list[str]:
+    """The x86-64 levels (vector widths) this CPU runs the attention and small-batch kernels at, best first."""
+    return list(torch.ops.playground_cpu.kernel_levels())
+
+
+def use_kernel_level(name: str) -> str:
+    """Run those kernels at `name` (one of `kernel_levels()`; the best is the default); returns the previous level."""
+    return torch.ops.playground_cpu.use_kernel_level(name)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """weight * x / sqrt(mean(x^2) + eps) over the last dimension, in one pass."""
     return torch.ops.playground_cpu.rms_norm(x, weight, eps)

@@ -9,7 +9,10 @@
 //   row once for all rows of x; MKL's GEMM is several times slower than its own GEMV at 2-8 rows.
 //
 // Work is spread over torch's intra-op threads (at::parallel_for). Hot loops are compiled once per
-// x86-64 level (AVX-512, AVX2, baseline) and picked at load time, so one build runs on any x86-64.
+// x86-64 level (AVX-512, AVX2, baseline) and picked at load time, so one build runs on any x86-64. The two
+// whose tiles must fit the vector registers (attention's key chunks, the small-batch matmul's accumulators)
+// are templates over the vector width, instantiated per level at that level's width (16, 8 or 4 floats):
+// tiles sized for AVX-512's 32 registers spill on AVX2's 16 (3-9x slower there, measured).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,9 +23,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PLAYGROUND_X86_LEVELS
 #define PLAYGROUND_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define PLAYGROUND_MULTIVERSION
@@ -31,90 +36,140 @@
 
 namespace {
 
-typedef float vec16 __attribute__((vector_size(64)));
-typedef int32_t ivec16 __attribute__((vector_size(64)));
-typedef float vec8 __attribute__((vector_size(32)));
-typedef float vec4 __attribute__((vector_size(16)));
+// A vector of W floats (W = 4, 8 or 16: one SSE, AVX2 or AVX-512 register) and of W int32.
+template <int W> struct Lanes;
+template <> struct Lanes<4> {
+  typedef float f __attribute__((vector_size(16)));
+  typedef int32_t i __attribute__((vector_size(16)));
+};
+template <> struct Lanes<8> {
+  typedef float f __attribute__((vector_size(32)));
+  typedef int32_t i __attribute__((vector_size(32)));
+};
+template <> struct Lanes<16> {
+  typedef float f __attribute__((vector_size(64)));
+  typedef int32_t i __attribute__((vector_size(64)));
+};
+template <int W> using vec = typename Lanes<W>::f;
+template <int W> using ivec = typename Lanes<W>::i;
+typedef vec<16> vec16;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-PLAYGROUND_INLINE vec16 load16(const float* p) {
-  vec16 v;
+template <int W>
+PLAYGROUND_INLINE vec<W> load(const float* p) {
+  vec<W> v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-PLAYGROUND_INLINE void store16(float* p, vec16 v) { std::memcpy(p, &v, sizeof(v)); }
+template <int W>
+PLAYGROUND_INLINE void store(float* p, vec<W> v) { std::memcpy(p, &v, sizeof(v)); }
 
-PLAYGROUND_INLINE vec16 splat(float x) { return vec16{} + x; }
+template <int W>
+PLAYGROUND_INLINE vec<W> splat(float x) { return vec<W>{} + x; }
 
-// Sums and maxima of a vector's lanes as a tree (four dependent steps, not fifteen).
-PLAYGROUND_INLINE float sum16(vec16 v) {
-  const vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const vec4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
+template <int W>
+PLAYGROUND_INLINE vec<W / 2> low_half(vec<W> v) {
+  if constexpr (W == 16) return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  else return __builtin_shufflevector(v, v, 0, 1, 2, 3);
 }
 
-PLAYGROUND_INLINE vec16 max16(vec16 a, vec16 b) { return a > b ? a : b; }
+template <int W>
+PLAYGROUND_INLINE vec<W / 2> high_half(vec<W> v) {
+  if constexpr (W == 16) return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  else return __builtin_shufflevector(v, v, 4, 5, 6, 7);
+}
+
+// Sums and maxima of a vector's lanes as a tree (log2(W) dependent steps, not W - 1).
+template <int W>
+PLAYGROUND_INLINE float lane_sum(vec<W> v) {
+  if constexpr (W == 4) return (v[0] + v[2]) + (v[1] + v[3]);
+  else return lane_sum<W / 2>(low_half<W>(v) + high_half<W>(v));
+}
+
+template <int W>
+PLAYGROUND_INLINE float lane_max(vec<W> v) {
+  if constexpr (W == 4) return std::max(std::max(v[0], v[1]), std::max(v[2], v[3]));
+  else {
+    const vec<W / 2> a = low_half<W>(v), b = high_half<W>(v);
+    return lane_max<W / 2>(a > b ? a : b);
+  }
+}
 
 // e^x per lane (x <= 88), within about 2 ulp: e^x = 2^n e^r with |r| <= ln2 / 2, e^r by a degree-6 polynomial.
 // Lanes below -87.3 give 0; NaN stays NaN.
-PLAYGROUND_INLINE vec16 exp16(vec16 x) {
-  const vec16 t = x * 1.44269504088896341f;
-  const vec16 n = (t + 12582912.f) - 12582912.f;  // round to nearest
-  const vec16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  vec16 p = splat(1.9875691500e-4f);
+template <int W>
+PLAYGROUND_INLINE vec<W> exp_lanes(vec<W> x) {
+  const vec<W> t = x * 1.44269504088896341f;
+  const vec<W> n = (t + 12582912.f) - 12582912.f;  // round to nearest
+  const vec<W> r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  vec<W> p = splat<W>(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const vec16 e_r = p * r * r + r + 1.f;
-  const ivec16 exponent = (__builtin_convertvector(n, ivec16) + 127) << 23;
-  vec16 scale;
+  const vec<W> e_r = p * r * r + r + 1.f;
+  const ivec<W> exponent = (__builtin_convertvector(n, ivec<W>) + 127) << 23;
+  vec<W> scale;
   std::memcpy(&scale, &exponent, sizeof(scale));
-  vec16 y = e_r * scale;
-  y = x < -87.3f ? vec16{} : y;
+  vec<W> y = e_r * scale;
+  y = x < -87.3f ? vec<W>{} : y;
   return x != x ? x : y;
 }
 
-// Lane t of the result = sum of acc[t]'s lanes, for 16 vectors (a four-level transpose-add; the
-// vectors are taken in bit-reversed order so that the sums come out in natural order).
-PLAYGROUND_INLINE vec16 transpose_sums(const vec16* acc) {
-  static constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-  vec16 b[8], c[4], e[2];
-  for (int i = 0; i < 8; ++i) {
-    const vec16 x = acc[kBitReversed[2 * i]], y = acc[kBitReversed[2 * i + 1]];
-    b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-           __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+// Lane t of the result = sum of acc[t]'s lanes, for W vectors: a log2(W)-level transpose-add. The vectors are
+// taken in bit-reversed order so that the sums come out in natural order.
+template <int W>
+PLAYGROUND_INLINE vec<W> transpose_sums(const vec<W>* acc) {
+  if constexpr (W == 16) {
+    static constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    vec16 b[8], c[4], e[2];
+    for (int i = 0; i < 8; ++i) {
+      const vec16 x = acc[kBitReversed[2 * i]], y = acc[kBitReversed[2 * i + 1]];
+      b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int i = 0; i < 4; ++i) {
+      c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+             __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    }
+    for (int i = 0; i < 2; ++i) {
+      e[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+             __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+    return __builtin_shufflevector(e[0], e[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+           __builtin_shufflevector(e[0], e[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  } else if constexpr (W == 8) {
+    static constexpr int kBitReversed[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+    vec<8> b[4], c[2];
+    for (int i = 0; i < 4; ++i) {
+      const vec<8> x = acc[kBitReversed[2 * i]], y = acc[kBitReversed[2 * i + 1]];
+      b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11) +
+             __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+    for (int i = 0; i < 2; ++i) {
+      c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 8, 9, 4, 5, 12, 13) +
+             __builtin_shufflevector(b[2 * i], b[2 * i + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    return __builtin_shufflevector(c[0], c[1], 0, 8, 2, 10, 4, 12, 6, 14) +
+           __builtin_shufflevector(c[0], c[1], 1, 9, 3, 11, 5, 13, 7, 15);
+  } else {
+    const vec<4> b0 = __builtin_shufflevector(acc[0], acc[2], 0, 1, 4, 5) +
+                      __builtin_shufflevector(acc[0], acc[2], 2, 3, 6, 7);
+    const vec<4> b1 = __builtin_shufflevector(acc[1], acc[3], 0, 1, 4, 5) +
+                      __builtin_shufflevector(acc[1], acc[3], 2, 3, 6, 7);
+    return __builtin_shufflevector(b0, b1, 0, 4, 2, 6) + __builtin_shufflevector(b0, b1, 1, 5, 3, 7);
   }
-  for (int i = 0; i < 4; ++i) {
-    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
-           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
-  }
-  for (int i = 0; i < 2; ++i) {
-    e[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
-           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-  }
-  return __builtin_shufflevector(e[0], e[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
-         __builtin_shufflevector(e[0], e[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
 }
 
-PLAYGROUND_INLINE float max16_lanes(vec16 v) {
-  const vec8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const vec8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const vec8 m8 = a > b ? a : b;
-  const vec4 c = __builtin_shufflevector(m8, m8, 0, 1, 2, 3), d = __builtin_shufflevector(m8, m8, 4, 5, 6, 7);
-  const vec4 m4 = c > d ? c : d;
-  return std::max(std::max(m4[0], m4[1]), std::max(m4[2], m4[3]));
-}
-
+template <int W>
 PLAYGROUND_INLINE float dot(const float* a, const float* b, int64_t n) {
-  vec16 acc = {};
+  vec<W> acc = {};
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc += load16(a + i) * load16(b + i);
-  float total = sum16(acc);
+  for (; i + W <= n; i += W) acc += load<W>(a + i) * load<W>(b + i);
+  float total = lane_sum<W>(acc);
   for (; i < n; ++i) total += a[i] * b[i];
   return total;
 }
@@ -124,124 +179,286 @@ struct PagedShape {
   float scale;
 };
 
-// One query row's running softmax state over up to 16 keys at a time. CHUNKS = head_dim / 16 when that is
-// known at compile time (the row's accumulator and query then live in registers); 0 = any head_dim.
-template <int CHUNKS>
-struct RowState {
-  static constexpr int kRegisterChunks = CHUNKS ? CHUNKS : 1;
-  vec16 q[kRegisterChunks], acc[kRegisterChunks];
-  const float* q_row;
-  float* acc_row;  // used when CHUNKS == 0
-  float running_max = kNegInf, running_sum = 0.f;
+// One work item of paged attention: all query rows of one (sequence, KV head).
+struct AttendItem {
+  const float* q;        // the step's queries [tokens, heads, dim] (row stride q_token_stride)
+  float* out;            // [tokens, heads, dim]
+  const float* k_head;   // this KV head's [slots, dim] of the cache
+  const float* v_head;
+  const int32_t* table;  // the sequence's block table
+  int64_t kv_head, first_token, count, context_len;
 };
 
-template <int CHUNKS>
-PLAYGROUND_INLINE vec16 row_scores(const RowState<CHUNKS>& row, const float* keys, int64_t visible, int64_t dim) {
-  vec16 acc[16];
-  for (int t = 0; t < 16; ++t) {
-    vec16 a = {};
-    if (t < visible) {
-      const float* key = keys + t * dim;
-      if constexpr (CHUNKS > 0) {
-        for (int c = 0; c < CHUNKS; ++c) a += row.q[c] * load16(key + 16 * c);
-      } else {
-        a[0] = dot(row.q_row, key, dim);
+// Scores of one query row (pre-scaled) against the W keys at `keys`, all of which are visible: dimension
+// chunks outside, keys inside, so W accumulators and one query chunk are live (they fit AVX2's 16 registers).
+template <int W>
+PLAYGROUND_INLINE vec<W> full_chunk_scores(const float* q, const float* keys, int64_t dim) {
+  vec<W> acc[W] = {};
+  int64_t d = 0;
+  for (; d + W <= dim; d += W) {
+    const vec<W> q_chunk = load<W>(q + d);
+    for (int t = 0; t < W; ++t) acc[t] += q_chunk * load<W>(keys + t * dim + d);
+  }
+  vec<W> scores = transpose_sums<W>(acc);
+  for (; d < dim; ++d) {
+    for (int t = 0; t < W; ++t) scores[t] += q[d] * keys[t * dim + d];
+  }
+  return scores;
+}
+
+// The same for the first `visible` (< W) keys; lanes past them are left 0 (masked by the caller).
+template <int W>
+PLAYGROUND_INLINE vec<W> partial_chunk_scores(const float* q, const float* keys, int64_t visible, int64_t dim) {
+  vec<W> scores = {};
+  for (int64_t t = 0; t < visible; ++t) scores[t] = dot<W>(q, keys + t * dim, dim);
+  return scores;
+}
+
+// acc = acc * correction + sum over the chunk's visible keys of p[t] * value_t, DIM floats (0: any head_dim).
+// Up to 8 output chunks stay in registers while the keys stream past.
+template <int W, int DIM>
+PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const float* p, const float* values,
+                                         int64_t visible, int64_t runtime_dim) {
+  const int64_t dim = DIM ? DIM : runtime_dim;
+  if constexpr (DIM > 0 && DIM % W == 0) {
+    constexpr int kChunks = DIM / W, kGroup = kChunks < 8 ? kChunks : 8;
+    for (int g = 0; g < kChunks; g += kGroup) {
+      vec<W> a[kGroup];
+      for (int j = 0; j < kGroup; ++j) a[j] = load<W>(acc + (g + j) * W) * correction;
+      for (int64_t t = 0; t < visible; ++t) {
+        const vec<W> weight = splat<W>(p[t]);
+        for (int j = 0; j < kGroup; ++j) a[j] += weight * load<W>(values + t * dim + (g + j) * W);
       }
+      for (int j = 0; j < kGroup; ++j) store<W>(acc + (g + j) * W, a[j]);
     }
-    acc[t] = a;
-  }
-  return transpose_sums(acc);
-}
-
-template <int CHUNKS>
-PLAYGROUND_INLINE void row_update(RowState<CHUNKS>& row, vec16 scores, const float* values, int64_t visible,
-                                  int64_t dim) {
-  const float new_max = std::max(row.running_max, max16_lanes(scores));
-  const float correction = std::exp(row.running_max - new_max);
-  const vec16 p = exp16(scores - new_max);
-  if constexpr (CHUNKS > 0) {
-    for (int c = 0; c < CHUNKS; ++c) row.acc[c] *= correction;
+  } else {
+    for (int64_t d = 0; d < dim; ++d) acc[d] *= correction;
     for (int64_t t = 0; t < visible; ++t) {
-      const vec16 weight = splat(p[t]);
-      for (int c = 0; c < CHUNKS; ++c) row.acc[c] += weight * load16(values + t * dim + 16 * c);
+      for (int64_t d = 0; d < dim; ++d) acc[d] += p[t] * values[t * dim + d];
     }
-  } else {
-    for (int64_t d = 0; d < dim; ++d) row.acc_row[d] *= correction;
-    for (int64_t t = 0; t < visible; ++t) {
-      const float weight = p[t];
-      for (int64_t d = 0; d < dim; ++d) row.acc_row[d] += weight * values[t * dim + d];
-    }
-  }
-  row.running_sum = row.running_sum * correction + sum16(p);
-  row.running_max = new_max;
-}
-
-// One query row of one sequence over its visible keys (< limit positions), 16 keys at a time, in place.
-template <int CHUNKS>
-PLAYGROUND_INLINE void attend_row(const PagedShape& s, const float* q_row, float* out_row, const float* k_head,
-                                  const float* v_head, const int32_t* table, int64_t limit, float* work) {
-  static const vec16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const int64_t dim = CHUNKS ? 16 * CHUNKS : s.head_dim;
-  RowState<CHUNKS> row;
-  row.q_row = q_row;
-  row.acc_row = work;
-  if constexpr (CHUNKS > 0) {
-    for (int c = 0; c < CHUNKS; ++c) {
-      row.q[c] = load16(q_row + 16 * c) * s.scale;
-      row.acc[c] = vec16{};
-    }
-  } else {
-    std::fill(work, work + dim, 0.f);
-  }
-  const float score_scale = CHUNKS ? 1.f : s.scale;
-  const int64_t step = std::min<int64_t>(16, s.block_size);
-  for (int64_t position0 = 0; position0 < limit; position0 += step) {
-    const int64_t offset = position0 % s.block_size;
-    const int64_t slot0 = static_cast<int64_t>(table[position0 / s.block_size]) * s.block_size + offset;
-    const int64_t visible = std::min({limit - position0, step, s.block_size - offset});
-    const int64_t next = position0 + step;
-    if (next < limit) {  // blocks lie anywhere in the pool: fetch the next keys and values while these compute
-      const int64_t next_slot = static_cast<int64_t>(table[next / s.block_size]) * s.block_size + next % s.block_size;
-      const int64_t next_count = std::min({limit - next, step, s.block_size - next % s.block_size});
-      for (int64_t line = 0; line < next_count * dim; line += 16) {
-        __builtin_prefetch(k_head + next_slot * dim + line, 0, 3);
-        __builtin_prefetch(v_head + next_slot * dim + line, 0, 3);
-      }
-    }
-    vec16 scores = row_scores<CHUNKS>(row, k_head + slot0 * dim, visible, dim) * score_scale;
-    scores = lane_index < static_cast<float>(visible) ? scores : splat(kNegInf);
-    row_update<CHUNKS>(row, scores, v_head + slot0 * dim, visible, dim);
-  }
-  const float inverse = 1.f / row.running_sum;
-  if constexpr (CHUNKS > 0) {
-    for (int c = 0; c < CHUNKS; ++c) store16(out_row + 16 * c, row.acc[c] * inverse);
-  } else {
-    for (int64_t d = 0; d < dim; ++d) out_row[d] = work[d] * inverse;
   }
 }
 
-// All query rows of one (sequence, KV head): query i of `count` sees positions < context_len - (count - 1 - i).
-// Keys past a row's limit are never read, so unwritten or stale slots never reach the softmax.
-PLAYGROUND_MULTIVERSION
-void attend_one(const PagedShape& s, const float* q, float* out, const float* k_cache, const float* v_cache,
-                const int32_t* table, int64_t first_token, int64_t count, int64_t context_len, int64_t kv_head,
-                float* work) {
-  const float* k_head = k_cache + kv_head * s.num_slots * s.head_dim;
-  const float* v_head = v_cache + kv_head * s.num_slots * s.head_dim;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t limit = context_len - (count - 1 - i);
+// All query rows of one (sequence, KV head) over its visible keys, W keys at a time, read in place through the
+// block table: query i of `count` sees positions < context_len - (count - 1 - i), and keys past a row's limit
+// never reach its softmax, so unwritten or stale slots are never used. Every row (each query token of each
+// query head sharing this KV head) updates its online softmax from a chunk while the chunk is in L1; the rows'
+// accumulators live in `work` (count * groups * (head_dim + 2) floats).
+constexpr int64_t kPrefetchPositions = 32;
+
+template <int W, int DIM>
+PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& item, float* work) {
+  static const vec<W> lane_index = [] {
+    vec<W> lanes;
+    for (int t = 0; t < W; ++t) lanes[t] = static_cast<float>(t);
+    return lanes;
+  }();
+  const int64_t dim = DIM ? DIM : s.head_dim;
+  const int64_t rows = item.count * s.groups;
+  float* queries = work;                 // [rows, dim], scaled
+  float* accumulators = work + rows * dim;
+  float* running_max = accumulators + rows * dim;
+  float* running_sum = running_max + rows;
+  for (int64_t i = 0; i < item.count; ++i) {
     for (int64_t g = 0; g < s.groups; ++g) {
-      const int64_t head = kv_head * s.groups + g;
-      const float* q_row = q + (first_token + i) * s.q_token_stride + head * s.head_dim;
-      float* out_row = out + ((first_token + i) * s.num_heads + head) * s.head_dim;
-      switch (s.head_dim) {
-        case 32: attend_row<2>(s, q_row, out_row, k_head, v_head, table, limit, work); break;
-        case 64: attend_row<4>(s, q_row, out_row, k_head, v_head, table, limit, work); break;
-        case 128: attend_row<8>(s, q_row, out_row, k_head, v_head, table, limit, work); break;
-        default: attend_row<0>(s, q_row, out_row, k_head, v_head, table, limit, work); break;
+      const int64_t row = i * s.groups + g;
+      const float* q_row = item.q + (item.first_token + i) * s.q_token_stride + (item.kv_head * s.groups + g) * dim;
+      for (int64_t d = 0; d < dim; ++d) queries[row * dim + d] = q_row[d] * s.scale;
+    }
+  }
+  std::fill(accumulators, accumulators + rows * dim, 0.f);
+  std::fill(running_max, running_max + rows, kNegInf);
+  std::fill(running_sum, running_sum + rows, 0.f);
+  alignas(64) float p[W];
+  const int64_t step = std::min<int64_t>(W, s.block_size);
+  for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
+    const int64_t offset = position0 % s.block_size;
+    const int64_t slot0 = static_cast<int64_t>(item.table[position0 / s.block_size]) * s.block_size + offset;
+    const int64_t chunk = std::min({item.context_len - position0, step, s.block_size - offset});
+    // Blocks lie anywhere in the pool, beyond the hardware prefetcher's reach: fetch keys and values a few
+    // chunks ahead (one chunk ahead left attention waiting on memory for scattered blocks).
+    const int64_t next = position0 + kPrefetchPositions;
+    if (next < item.context_len) {
+      const int64_t next_slot =
+          static_cast<int64_t>(item.table[next / s.block_size]) * s.block_size + next % s.block_size;
+      const int64_t next_count = std::min({item.context_len - next, step, s.block_size - next % s.block_size});
+      for (int64_t line = 0; line < next_count * dim; line += 16) {
+        __builtin_prefetch(item.k_head + next_slot * dim + line, 0, 3);
+        __builtin_prefetch(item.v_head + next_slot * dim + line, 0, 3);
+      }
+    }
+    const float* keys = item.k_head + slot0 * dim;
+    const float* values = item.v_head + slot0 * dim;
+    for (int64_t i = 0; i < item.count; ++i) {
+      const int64_t limit = item.context_len - (item.count - 1 - i);
+      const int64_t visible = std::min(chunk, limit - position0);
+      if (visible <= 0) continue;
+      for (int64_t g = 0; g < s.groups; ++g) {
+        const int64_t row = i * s.groups + g;
+        vec<W> scores = visible == W ? full_chunk_scores<W>(queries + row * dim, keys, dim)
+                                     : partial_chunk_scores<W>(queries + row * dim, keys, visible, dim);
+        scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
+        const float new_max = std::max(running_max[row], lane_max<W>(scores));
+        const float correction = std::exp(running_max[row] - new_max);
+        const vec<W> weights = exp_lanes<W>(scores - new_max);
+        store<W>(p, weights);
+        accumulate_values<W, DIM>(accumulators + row * dim, correction, p, values, visible, dim);
+        running_sum[row] = running_sum[row] * correction + lane_sum<W>(weights);
+        running_max[row] = new_max;
       }
     }
   }
+  for (int64_t i = 0; i < item.count; ++i) {
+    for (int64_t g = 0; g < s.groups; ++g) {
+      const int64_t row = i * s.groups + g;
+      float* out_row = item.out + ((item.first_token + i) * s.num_heads + item.kv_head * s.groups + g) * dim;
+      const float inverse = 1.f / running_sum[row];
+      for (int64_t d = 0; d < dim; ++d) out_row[d] = accumulators[row * dim + d] * inverse;
+    }
+  }
+}
+
+template <int W>
+PLAYGROUND_INLINE void attend_item(const PagedShape& s, const AttendItem& item, float* work) {
+  switch (s.head_dim) {
+    case 32: attend_item_dim<W, 32>(s, item, work); break;
+    case 64: attend_item_dim<W, 64>(s, item, work); break;
+    case 128: attend_item_dim<W, 128>(s, item, work); break;
+    default: attend_item_dim<W, 0>(s, item, work); break;
+  }
+}
+
+// Floats of `work` one attention item needs (see attend_item_dim).
+int64_t attention_work_floats(const PagedShape& s, int64_t max_count) {
+  const int64_t rows = max_count * s.groups;
+  return rows * (2 * s.head_dim + 2);
+}
+
+// Outputs `first`..`last` - 1 of y [ROWS, N] = x [ROWS, K] weight[N, K]^T: WIDE weight rows at a time, each
+// streamed once for all ROWS rows of x (ROWS * WIDE accumulators stay in registers).
+template <int W, int ROWS, int WIDE>
+PLAYGROUND_INLINE void linear_rows(const float* x, const float* weight, const float* bias, float* y, int64_t K,
+                                   int64_t N, int64_t first, int64_t last) {
+  int64_t n = first;
+  for (; n + WIDE <= last; n += WIDE) {
+    vec<W> acc[WIDE][ROWS] = {};
+    int64_t k = 0;
+    for (; k + W <= K; k += W) {
+      vec<W> w[WIDE];
+      for (int j = 0; j < WIDE; ++j) {
+        __builtin_prefetch(weight + (n + j + WIDE) * K + k, 0, 0);
+        w[j] = load<W>(weight + (n + j) * K + k);
+      }
+      for (int m = 0; m < ROWS; ++m) {
+        const vec<W> a = load<W>(x + m * K + k);
+        for (int j = 0; j < WIDE; ++j) acc[j][m] += a * w[j];
+      }
+    }
+    for (int j = 0; j < WIDE; ++j) {
+      const float* w_row = weight + (n + j) * K;
+      for (int m = 0; m < ROWS; ++m) {
+        float total = lane_sum<W>(acc[j][m]);
+        for (int64_t r = k; r < K; ++r) total += x[m * K + r] * w_row[r];
+        y[m * N + n + j] = bias ? total + bias[n + j] : total;
+      }
+    }
+  }
+  for (; n < last; ++n) {
+    for (int m = 0; m < ROWS; ++m) {
+      const float total = dot<W>(x + m * K, weight + n * K, K);
+      y[m * N + n] = bias ? total + bias[n] : total;
+    }
+  }
+}
+
+// Weight rows per pass for ROWS rows of x: as many as keep every accumulator, weight vector and x vector in
+// registers (AVX-512 has 32 vector registers, AVX2 and SSE 16).
+template <int W>
+constexpr int weight_rows_per_pass(int rows) {
+  if constexpr (W == 16) return rows <= 5 ? 4 : 3;
+  else return rows <= 2 ? 4 : rows <= 4 ? 2 : 1;
+}
+
+template <int W>
+PLAYGROUND_INLINE void linear_block(int64_t rows, const float* x, const float* weight, const float* bias, float* y,
+                                    int64_t K, int64_t N, int64_t first, int64_t last) {
+  switch (rows) {
+    case 1: linear_rows<W, 1, weight_rows_per_pass<W>(1)>(x, weight, bias, y, K, N, first, last); break;
+    case 2: linear_rows<W, 2, weight_rows_per_pass<W>(2)>(x, weight, bias, y, K, N, first, last); break;
+    case 3: linear_rows<W, 3, weight_rows_per_pass<W>(3)>(x, weight, bias, y, K, N, first, last); break;
+    case 4: linear_rows<W, 4, weight_rows_per_pass<W>(4)>(x, weight, bias, y, K, N, first, last); break;
+    case 5: linear_rows<W, 5, weight_rows_per_pass<W>(5)>(x, weight, bias, y, K, N, first, last); break;
+    case 6: linear_rows<W, 6, weight_rows_per_pass<W>(6)>(x, weight, bias, y, K, N, first, last); break;
+    case 7: linear_rows<W, 7, weight_rows_per_pass<W>(7)>(x, weight, bias, y, K, N, first, last); break;
+    default: linear_rows<W, 8, weight_rows_per_pass<W>(8)>(x, weight, bias, y, K, N, first, last); break;
+  }
+}
+
+// ---- the two kernels whose tiles depend on the vector registers, compiled once per x86-64 level ----
+//
+// Attention's W-key chunks and the small-batch matmul's tiles are sized for the registers of each level (16
+// floats x 32 registers with AVX-512, 8 x 16 with AVX2, 4 x 16 with SSE2): one width for all would spill on
+// AVX2 what fits AVX-512. The level is picked once, when the library is first used.
+struct LevelKernels {
+  void (*attend)(const PagedShape&, const AttendItem&, float*);
+  void (*linear)(int64_t, const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+  const char* name;
+};
+
+#define PLAYGROUND_LEVEL(SUFFIX, TARGET, WIDTH)                                                                  \
+  TARGET void attend_##SUFFIX(const PagedShape& s, const AttendItem& item, float* work) {                       \
+    attend_item<WIDTH>(s, item, work);                                                                          \
+  }                                                                                                              \
+  TARGET void linear_##SUFFIX(int64_t rows, const float* x, const float* weight, const float* bias, float* y,   \
+                              int64_t K, int64_t N, int64_t first, int64_t last) {                              \
+    linear_block<WIDTH>(rows, x, weight, bias, y, K, N, first, last);                                           \
+  }
+
+#ifdef PLAYGROUND_X86_LEVELS
+PLAYGROUND_LEVEL(avx512, __attribute__((target("arch=x86-64-v4"))), 16)
+PLAYGROUND_LEVEL(avx2, __attribute__((target("arch=x86-64-v3"))), 8)
+#endif
+PLAYGROUND_LEVEL(baseline, , 4)
+#undef PLAYGROUND_LEVEL
+
+#ifdef PLAYGROUND_X86_LEVELS
+constexpr LevelKernels kAvx512{attend_avx512, linear_avx512, "avx512"};
+constexpr LevelKernels kAvx2{attend_avx2, linear_avx2, "avx2"};
+#endif
+constexpr LevelKernels kBaseline{attend_baseline, linear_baseline, "baseline"};
+
+// The levels this CPU runs, best first.
+std::vector<const LevelKernels*> supported_levels() {
+  std::vector<const LevelKernels*> levels;
+#ifdef PLAYGROUND_X86_LEVELS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) levels.push_back(&kAvx512);
+  if (__builtin_cpu_supports("x86-64-v3")) levels.push_back(&kAvx2);
+#endif
+  levels.push_back(&kBaseline);
+  return levels;
+}
+
+std::atomic<const LevelKernels*>& active_level() {
+  static std::atomic<const LevelKernels*> level{supported_levels().front()};
+  return level;
+}
+
+const LevelKernels& level_kernels() { return *active_level().load(std::memory_order_relaxed); }
+
+std::vector<std::string> kernel_levels() {
+  std::vector<std::string> names;
+  for (const LevelKernels* level : supported_levels()) names.emplace_back(level->name);
+  return names;
+}
+
+// Runs the register-sized kernels at another level this CPU supports (tests compare every level); returns the
+// level that was active.
+std::string use_kernel_level(const std::string& name) {
+  for (const LevelKernels* level : supported_levels()) {
+    if (name == level->name) return active_level().exchange(level)->name;
+  }
+  TORCH_CHECK(false, "this CPU does not run kernel level '", name, "'");
 }
 
 void check_cpu_float(const at::Tensor& t, const char* name) {
@@ -304,7 +521,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const float* v_data = v_cache.data_ptr<float>();
   float* out_data = out.data_ptr<float>();
   const int64_t items = num_seqs * kv_heads;
-  const int64_t work_floats = shape.head_dim;
+  int64_t max_count = 0;
+  for (int64_t n = 0; n < num_seqs; ++n) max_count = std::max(max_count, lens[n]);
+  const int64_t work_floats = attention_work_floats(shape, max_count);
+  const LevelKernels& kernels = level_kernels();
   // Items differ in cost (context lengths differ), so threads take them one at a time from a shared counter.
   std::atomic<int64_t> next{0};
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), items);
@@ -314,8 +534,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       for (int64_t item = next++; item < items; item = next++) {
         const int64_t n = item / kv_heads, head = item % kv_heads;
         if (lens[n] == 0) continue;
-        attend_one(shape, q_data, out_data, k_data, v_data, tables + n * shape.max_blocks, starts[n], lens[n],
-                   contexts[n], head, work.data());
+        const AttendItem one{q_data, out_data, k_data + head * shape.num_slots * shape.head_dim,
+                             v_data + head * shape.num_slots * shape.head_dim, tables + n * shape.max_blocks,
+                             head, starts[n], lens[n], contexts[n]};
+        kernels.attend(shape, one, work.data());
       }
     }
   });
@@ -334,10 +556,10 @@ void rms_norm_row(const float* x, const float* weight, float eps, float* out, in
   vec16 squares = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const vec16 v = load16(x + i);
+    const vec16 v = load<16>(x + i);
     squares += v * v;
   }
-  float total = sum16(squares);
+  float total = lane_sum<16>(squares);
   for (; i < n; ++i) total += x[i] * x[i];
   const float inverse = 1.f / std::sqrt(total / static_cast<float>(n) + eps);
   for (int64_t j = 0; j < n; ++j) out[j] = weight[j] * (x[j] * inverse);
@@ -396,8 +618,8 @@ PLAYGROUND_MULTIVERSION
 void silu_mul_row(const float* gate, const float* up, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const vec16 g = load16(gate + i);
-    store16(out + i, g / (1.f + exp16(-g)) * load16(up + i));
+    const vec16 g = load<16>(gate + i);
+    store<16>(out + i, g / (1.f + exp_lanes<16>(-g)) * load<16>(up + i));
   }
   for (; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
@@ -482,58 +704,6 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   });
 }
 
-// Outputs `first`..`last` - 1 of y [ROWS, N] = x [ROWS, K] weight[N, K]^T: WIDE weight rows at a time, each
-// streamed once for all ROWS rows of x (ROWS * WIDE accumulators stay in registers).
-template <int ROWS, int WIDE>
-PLAYGROUND_INLINE void linear_rows(const float* x, const float* weight, const float* bias, float* y, int64_t K,
-                                   int64_t N, int64_t first, int64_t last) {
-  int64_t n = first;
-  for (; n + WIDE <= last; n += WIDE) {
-    vec16 acc[WIDE][ROWS] = {};
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
-      vec16 w[WIDE];
-      for (int j = 0; j < WIDE; ++j) {
-        __builtin_prefetch(weight + (n + j + WIDE) * K + k, 0, 0);
-        w[j] = load16(weight + (n + j) * K + k);
-      }
-      for (int m = 0; m < ROWS; ++m) {
-        const vec16 a = load16(x + m * K + k);
-        for (int j = 0; j < WIDE; ++j) acc[j][m] += a * w[j];
-      }
-    }
-    for (int j = 0; j < WIDE; ++j) {
-      const float* w_row = weight + (n + j) * K;
-      for (int m = 0; m < ROWS; ++m) {
-        float total = sum16(acc[j][m]);
-        for (int64_t r = k; r < K; ++r) total += x[m * K + r] * w_row[r];
-        y[m * N + n + j] = bias ? total + bias[n + j] : total;
-      }
-    }
-  }
-  for (; n < last; ++n) {
-    for (int m = 0; m < ROWS; ++m) {
-      const float total = dot(x + m * K, weight + n * K, K);
-      y[m * N + n] = bias ? total + bias[n] : total;
-    }
-  }
-}
-
-PLAYGROUND_MULTIVERSION
-void linear_block(int64_t rows, const float* x, const float* weight, const float* bias, float* y, int64_t K,
-                  int64_t N, int64_t first, int64_t last) {
-  switch (rows) {
-    case 1: linear_rows<1, 4>(x, weight, bias, y, K, N, first, last); break;
-    case 2: linear_rows<2, 4>(x, weight, bias, y, K, N, first, last); break;
-    case 3: linear_rows<3, 4>(x, weight, bias, y, K, N, first, last); break;
-    case 4: linear_rows<4, 4>(x, weight, bias, y, K, N, first, last); break;
-    case 5: linear_rows<5, 4>(x, weight, bias, y, K, N, first, last); break;
-    case 6: linear_rows<6, 3>(x, weight, bias, y, K, N, first, last); break;
-    case 7: linear_rows<7, 3>(x, weight, bias, y, K, N, first, last); break;
-    default: linear_rows<8, 3>(x, weight, bias, y, K, N, first, last); break;
-  }
-}
-
 constexpr int64_t kMaxRowsPerPass = 8;
 constexpr int64_t kOutputsPerTask = 64;
 
@@ -553,12 +723,13 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
   const float* w_data = weight.data_ptr<float>();
   float* y_data = y.data_ptr<float>();
   const int64_t tasks = (N + kOutputsPerTask - 1) / kOutputsPerTask;
+  const LevelKernels& kernels = level_kernels();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     const int64_t first = begin * kOutputsPerTask, last = std::min(N, end * kOutputsPerTask);
     // Each pass streams this task's weight rows once for up to kMaxRowsPerPass rows of x.
     for (int64_t m = 0; m < M; m += kMaxRowsPerPass) {
       const int64_t rows = std::min(kMaxRowsPerPass, M - m);
-      linear_block(rows, x_data + m * K, w_data, bias_data, y_data + m * N, K, N, first, last);
+      kernels.linear(rows, x_data + m * K, w_data, bias_data, y_data + m * N, K, N, first, last);
     }
   });
   return y;
@@ -716,6 +887,8 @@ TORCH_LIBRARY(playground_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor query_start, "
         "Tensor query_len, Tensor context_lens, int block_size, float scale, Tensor(a!) out) -> ()");
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("kernel_levels() -> str[]", &kernel_levels);
+  m.def("use_kernel_level(str name) -> str", &use_kernel_level);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor x) -> Tensor");
