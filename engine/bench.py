@@ -68,6 +68,18 @@ TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_token
 
 # ---- models ------------------------------------------------------------------------------------
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def portable_report_text(report: dict) -> str:
+    """The JSON report with this machine's folders written portably (the project root as `.`, the home folder
+    as `~`): results are committed, and must not name the folders of the machine that measured them."""
+    text = json.dumps(report, indent=2, default=str)
+    for folder, portable in ((PROJECT_ROOT, "."), (Path.home(), "~")):
+        text = text.replace(json.dumps(str(folder))[1:-1] + "/", portable + "/")
+    return text
+
+
 def cache_dir() -> Path:
     root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(root) / "inference-playground"
@@ -457,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"median {statistics.median(values):.2f}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2, default=str))
+        args.json.write_text(portable_report_text(report))
         print(f"wrote {args.json}")
     return 1 if any(r["errors"] for r in results.values()) else 0
 

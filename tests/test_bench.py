@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import build_config, main, ratios
+from engine.bench import PROJECT_ROOT, build_config, main, portable_report_text, ratios
 from engine.config import list_presets, load_preset
 from engine.hub import list_models
 from engine.overrides import parse_value
@@ -51,6 +51,15 @@ def test_cli_writes_json_and_compare_ratios(bench_model_dir, tmp_path, capsys):
     assert report["mean_ttft_ms"] <= report["mean_e2el_ms"]
     printed = capsys.readouterr().out
     assert "compare/base" in printed and "ratios compare/base: output_throughput=" in printed
+
+
+def test_json_reports_name_no_folder_of_this_machine(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    report = {"model": str(tmp_path / ".cache" / "inference-playground" / "random-llama-20m"),
+              "dataset": str(PROJECT_ROOT / "assets" / "models" / "demo-questions.jsonl"), "preset": "continuous"}
+    assert json.loads(portable_report_text(report)) == {
+        "model": "~/.cache/inference-playground/random-llama-20m",
+        "dataset": "./assets/models/demo-questions.jsonl", "preset": "continuous"}
 
 
 def test_cli_rejects_a_bad_setting(bench_model_dir, capsys):
