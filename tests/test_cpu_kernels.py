@@ -118,6 +118,26 @@ def test_small_batch_linear_matches_f_linear(rows, in_features, out_features, ke
     torch.testing.assert_close(cpu_kernels.small_batch_linear(x, weight, None), x @ weight.T, atol=1e-4, rtol=1e-4)
 
 
+def test_the_best_level_runs_by_default_and_each_level_runs_its_own_code():
+    """The best level is the default; another level really computes differently (its sums are taken in another
+    order, so the last bits differ), which a level switch that changed nothing would not show."""
+    levels = cpu_kernels.kernel_levels()
+    assert levels[-1] == "baseline"
+    generator = torch.Generator().manual_seed(11)
+    x, weight = torch.randn(3, 1024, generator=generator), torch.randn(64, 1024, generator=generator)
+    best = cpu_kernels.small_batch_linear(x, weight, None)
+    assert cpu_kernels.use_kernel_level("baseline") == levels[0]
+    try:
+        baseline = cpu_kernels.small_batch_linear(x, weight, None)
+    finally:
+        cpu_kernels.use_kernel_level(levels[0])
+    torch.testing.assert_close(baseline, best, atol=1e-4, rtol=1e-4)
+    if len(levels) > 1:
+        assert not torch.equal(baseline, best)
+    with pytest.raises(RuntimeError, match="does not run kernel level"):
+        cpu_kernels.use_kernel_level("avx1024")
+
+
 def torch_rms_norm(x, weight, eps):
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x
