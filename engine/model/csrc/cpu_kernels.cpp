@@ -239,13 +239,15 @@ PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const flo
   }
 }
 
+// How far ahead attention fetches keys and values: blocks lie anywhere in the pool, beyond the hardware
+// prefetcher's reach.
+constexpr int64_t kPrefetchPositions = 32;
+
 // All query rows of one (sequence, KV head) over its visible keys, W keys at a time, read in place through the
 // block table: query i of `count` sees positions < context_len - (count - 1 - i), and keys past a row's limit
 // never reach its softmax, so unwritten or stale slots are never used. Every row (each query token of each
 // query head sharing this KV head) updates its online softmax from a chunk while the chunk is in L1; the rows'
-// accumulators live in `work` (count * groups * (head_dim + 2) floats).
-constexpr int64_t kPrefetchPositions = 32;
-
+// scaled queries, accumulators and softmax state live in `work` (attention_work_floats).
 template <int W, int DIM>
 PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& item, float* work) {
   static const vec<W> lane_index = [] {
@@ -275,8 +277,6 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
     const int64_t offset = position0 % s.block_size;
     const int64_t slot0 = static_cast<int64_t>(item.table[position0 / s.block_size]) * s.block_size + offset;
     const int64_t chunk = std::min({item.context_len - position0, step, s.block_size - offset});
-    // Blocks lie anywhere in the pool, beyond the hardware prefetcher's reach: fetch keys and values a few
-    // chunks ahead (one chunk ahead left attention waiting on memory for scattered blocks).
     const int64_t next = position0 + kPrefetchPositions;
     if (next < item.context_len) {
       const int64_t next_slot =
@@ -328,7 +328,8 @@ PLAYGROUND_INLINE void attend_item(const PagedShape& s, const AttendItem& item, 
   }
 }
 
-// Floats of `work` one attention item needs (see attend_item_dim).
+// Floats of `work` one attention item needs: per query row, its scaled query and accumulator (head_dim each),
+// running maximum and sum.
 int64_t attention_work_floats(const PagedShape& s, int64_t max_count) {
   const int64_t rows = max_count * s.groups;
   return rows * (2 * s.head_dim + 2);
