@@ -12,7 +12,7 @@
 // x86-64 level (AVX-512, AVX2, baseline) and picked at load time, so one build runs on any x86-64. The two
 // whose tiles must fit the vector registers (attention's key chunks, the small-batch matmul's accumulators)
 // are templates over the vector width, instantiated per level at that level's width (16, 8 or 4 floats):
-// tiles sized for AVX-512's 32 registers spill on AVX2's 16 (3-9x slower there, measured).
+// tiles sized for AVX-512's 32 registers spill on AVX2's 16 (attention 2x, the matmul 3-9x slower there, measured).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -52,7 +52,6 @@ template <> struct Lanes<16> {
 };
 template <int W> using vec = typename Lanes<W>::f;
 template <int W> using ivec = typename Lanes<W>::i;
-typedef vec<16> vec16;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -125,9 +124,9 @@ template <int W>
 PLAYGROUND_INLINE vec<W> transpose_sums(const vec<W>* acc) {
   if constexpr (W == 16) {
     static constexpr int kBitReversed[16] = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
-    vec16 b[8], c[4], e[2];
+    vec<16> b[8], c[4], e[2];
     for (int i = 0; i < 8; ++i) {
-      const vec16 x = acc[kBitReversed[2 * i]], y = acc[kBitReversed[2 * i + 1]];
+      const vec<16> x = acc[kBitReversed[2 * i]], y = acc[kBitReversed[2 * i + 1]];
       b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
              __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
     }
@@ -553,7 +552,7 @@ int64_t row_grain(int64_t row_floats) { return std::max<int64_t>(1, kParallelGra
 
 // The row operations are compiled for every level by target_clones from one source, so they use vectors of 8
 // floats, native on AVX2 and AVX-512: GCC lowers comparisons and selects on vectors wider than the target's
-// registers lane by lane (16-float vectors made silu_mul 10x slower on AVX2, measured).
+// registers lane by lane (16-float vectors made silu_mul about 4x slower on AVX2, measured).
 constexpr int kRowWidth = 8;
 
 // RMSNorm as transformers computes it in float32: out = weight * (x * 1 / sqrt(mean(x^2) + eps)).
