@@ -40,6 +40,7 @@ from engine.config import EngineConfig, load_preset
 from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_device, summarize
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
+from engine.hub import PROJECT_ROOT
 from engine.measure import bench_report, measure_engine, send
 from engine.overrides import parse_sets
 from engine.roofline import ceilings_cache_path, device_ceilings
@@ -67,9 +68,6 @@ TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_token
 
 
 # ---- models ------------------------------------------------------------------------------------
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-
 
 def portable_report_text(report: dict) -> str:
     """The JSON report with this machine's folders written portably (the project root as `.`, the home folder

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import PROJECT_ROOT, build_config, main, portable_report_text, ratios
+from engine.bench import build_config, main, portable_report_text, ratios
 from engine.config import list_presets, load_preset
-from engine.hub import list_models
+from engine.hub import PROJECT_ROOT, list_models
 from engine.overrides import parse_value
 from engine.workloads import (
     CHAT_PROMPTS_FILE,
