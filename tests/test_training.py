@@ -42,7 +42,15 @@ from engine.training.popular import (
     popular_share,
     popular_topics,
 )
-from engine.training.questions import FRESH_TEMPLATES, GENERIC_TEMPLATES, KIND_TEMPLATES, name_form, phrase
+from engine.training.questions import (
+    COMPOSED_TEMPLATES,
+    FRESH_TEMPLATES,
+    GENERIC_TEMPLATES,
+    KIND_TEMPLATES,
+    name_form,
+    phrase,
+    with_fillers,
+)
 from engine.training.tokenizer import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,6 +151,16 @@ def test_fresh_phrasings_never_appear_in_training(corpus):
     fresh_openings = tuple(template.split("{name}")[0].lower() for template in FRESH_TEMPLATES)
     assert all(fresh_openings)
     assert not [question for question in training_questions if question.lower().startswith(fresh_openings)]
+
+
+def test_fillers_go_between_words_never_first_and_never_into_the_name():
+    template = "Walk me through {name} in Python."
+    filled = {with_fillers(template, random.Random(seed)) for seed in range(40)}
+    assert len(filled) > 20
+    for question in filled:
+        words = question.split(" ")
+        assert words[0] == "Walk" and "{name}" in words and len(words) - len(template.split(" ")) in (1, 2)
+    assert not set(FRESH_TEMPLATES) & set(COMPOSED_TEMPLATES)
 
 
 def test_surface_forms_vary_the_way_people_type():

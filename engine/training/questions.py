@@ -4,7 +4,9 @@ Recall is only useful if it survives the way a person happens to type a question
 chat picks a phrasing template and a surface form (backticks or not, `()` after a callable,
 `Path.read_text` for `pathlib.Path.read_text`, lower case, no final punctuation), and some
 training questions come with a greeting or an aside around them, so the model learns to key
-its answer on the name and ignore the rest. The card's recall check asks with
+its answer on the name and ignore the rest. Two more kinds of variety serve the same end:
+requests composed from a lead and a tail (COMPOSED_TEMPLATES), and stray filler words
+dropped between a question's words (`with_fillers`). The card's recall check asks with
 FRESH_TEMPLATES, which no training chat uses, so it measures recall of the entry rather
 than of a memorised question.
 """
@@ -99,6 +101,18 @@ FRESH_TEMPLATES = [
     "I'm reading code that uses {name}. What does it do?",
     "Remind me what {name} is.",
 ]
+# Requests as a lead and a tail: "Walk me through what {name} is."; none opens like a fresh template.
+COMPOSED_LEADS = ["Explain", "Describe", "Summarize", "Clarify", "Outline", "Break down", "Walk me through",
+                  "Go over", "Talk me through", "Help me with", "Tell me about", "Some background on",
+                  "A few words on", "Notes on", "The basics of", "Question about", "What about", "Info on",
+                  "I want to understand", "Teach me about"]
+COMPOSED_TAILS = ["{name}.", "{name} for a beginner.", "{name} in Python.", "what {name} is.",
+                  "the idea behind {name}.", "how {name} behaves."]
+COMPOSED_TEMPLATES = [f"{lead} {tail}" for lead in COMPOSED_LEADS for tail in COMPOSED_TAILS]
+# Words people scatter through a question; never the first word, so no question opens like a fresh one.
+FILLERS = ["actually", "really", "exactly", "again", "basically", "here", "now", "just", "so", "um", "like",
+           "the", "this", "quickly", "maybe", "ok", "hmm", "again?", "pls", "python"]
+FILLER_RATE = 0.25
 # Framing around a training question (never around an evaluation one).
 OPENERS = ["Hi, ", "Hello! ", "Hey. ", "Python question: ", "In Python, ", "Sorry to bother you, ",
            "One more thing: ", "OK, next one. ", "Thanks! Now: ", "Stdlib question: ", "Good morning. ",
@@ -116,8 +130,8 @@ CALLABLE_KINDS = ("function", "method")
 def training_templates(kind: str) -> list[str]:
     """Generic phrasings, plus "the `x` function"-style ones for kinds that have a kind word."""
     if kind == "topic":
-        return GENERIC_TEMPLATES
-    return GENERIC_TEMPLATES + [t.replace("{kind}", kind) for t in KIND_TEMPLATES]
+        return GENERIC_TEMPLATES + COMPOSED_TEMPLATES
+    return GENERIC_TEMPLATES + COMPOSED_TEMPLATES + [t.replace("{kind}", kind) for t in KIND_TEMPLATES]
 
 
 def name_form(kind: str, name: str, rng: random.Random) -> str:
@@ -142,6 +156,14 @@ def phrase(template: str, kind: str, name: str, rng: random.Random) -> str:
     return question
 
 
+def with_fillers(template: str, rng: random.Random) -> str:
+    """`template` with one or two filler words inserted after its first word (never inside the name)."""
+    words = template.split(" ")
+    for _ in range(rng.randint(1, 2)):
+        words.insert(rng.randint(1, len(words)), rng.choice(FILLERS))
+    return " ".join(words)
+
+
 def framed(question: str, rng: random.Random) -> str:
     """`question`, sometimes after a greeting and sometimes before an aside."""
     if rng.random() < FRAMING_RATE:
@@ -156,7 +178,9 @@ def training_questions(kind: str, name: str, count: int, salt: str = "") -> list
     """`count` training questions about `name`, fixed by a seed made of the name and `salt`."""
     rng = random.Random(f"train:{salt}:{name}")
     templates = training_templates(kind)
-    return [framed(phrase(rng.choice(templates), kind, name, rng), rng) for _ in range(count)]
+    picked = [rng.choice(templates) for _ in range(count)]
+    picked = [with_fillers(t, rng) if rng.random() < FILLER_RATE else t for t in picked]
+    return [framed(phrase(template, kind, name, rng), rng) for template in picked]
 
 
 def fresh_question(kind: str, name: str, index: int) -> str:
