@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.training.answer_check import opens_with_reference, repeats_four_words
-from engine.training.card import BuildResults, read_build_record, training_passes, write_card
+from engine.training.card import BuildResults, draft_recipe, read_build_record, training_passes, write_card
 from engine.training.corpus import (
     POPULAR_MIN_CHARS,
     answer_for,
@@ -23,8 +23,8 @@ from engine.training.corpus import (
     summary,
     without_signature,
 )
-from engine.training.distill import distillation_loss
-from engine.training.evaluate import GradedAnswer, forward_cost_ratio, speculative_acceptance
+from engine.training.distill import distillation_loss, target_replies
+from engine.training.evaluate import GradedAnswer, forward_cost_ratio, greedy_answer, speculative_acceptance
 from engine.training.model import (
     ModelShape,
     TrainSettings,
@@ -205,8 +205,9 @@ def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, m
     """The whole build on a tiny slice (a few seconds of steps): `--popular-share` reaches the target's pass."""
     import engine.training.__main__ as build
 
-    mixes, trained_on = [], []
+    mixes, trained_on, draft_focus, replies = [], [], [], []
     real_mix, real_train = build.oversampled_mix, build.train
+    real_replay, real_replies = build.replay_mix, build.target_replies
 
     def recording_mix(focus, broad, focus_share, seed):
         mix = real_mix(focus, broad, focus_share, seed)
@@ -217,15 +218,43 @@ def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, m
         trained_on.append(len(data))
         return real_train(model, data, settings, **kwargs)
 
+    def recording_replay(focus, broad, replay_share, seed):
+        draft_focus.append(focus)
+        return real_replay(focus, broad, replay_share, seed)
+
+    def recording_replies(target, tokenizer, questions, **kwargs):
+        chats = real_replies(target, tokenizer, questions, max_new_tokens=40)
+        replies.append((tokenizer, chats))
+        return chats
+
     monkeypatch.setattr(build, "oversampled_mix", recording_mix)
     monkeypatch.setattr(build, "train", recording_train)
+    monkeypatch.setattr(build, "replay_mix", recording_replay)
+    monkeypatch.setattr(build, "target_replies", recording_replies)
     build.main(["--out", str(tmp_path), "--limit", "60", "--popular-copies", "2", "--vocab-size", "512",
                 "--target-steps", "2", "--recall-steps", "0", "--popular-share", "0.5", "--draft-steps", "2",
-                "--recall-questions", "2"])
+                "--draft-replies", "6", "--recall-questions", "2"])
     [(broad, share, mixed)] = mixes
     assert share == 0.5 and mixed == 2 * broad
     assert trained_on[0] == mixed, "the target's pass trains on the mix, not on the broad windows alone"
-    assert json.loads((tmp_path / "build.json").read_text())["target"]["passes"]["popular_share"] == 0.5
+    record = json.loads((tmp_path / "build.json").read_text())
+    assert record["target"]["passes"]["popular_share"] == 0.5 and record["draft"]["replies"] == 6
+    [(tokenizer, chats)] = replies
+    assert len(chats) == 6
+    reply_windows = windows(token_stream(tokenizer, [], chats), 256)
+    [focus] = draft_focus
+    assert len(reply_windows) and torch.equal(focus[-len(reply_windows):], reply_windows), \
+        "the draft distills on the target's replies"
+
+
+def test_target_replies_equal_one_prompt_greedy_answers(tokenizer, one_thread):
+    torch.manual_seed(0)
+    model = build_model(ModelShape(hidden=32, layers=1, heads=2, intermediate=64), tokenizer).eval()
+    questions = ["What does len do?", "Explain the `with` statement to me, please, in a few words.", "zip?"]
+    chats = target_replies(model, tokenizer, questions, max_new_tokens=12, batch_size=3)
+    assert [chat[0]["content"] for chat in chats] == questions
+    assert [chat[1]["content"] for chat in chats] == [
+        greedy_answer(model, tokenizer, q, max_new_tokens=12) for q in questions]
 
 
 def test_card_describes_the_schedule_that_ran():
@@ -233,6 +262,7 @@ def test_card_describes_the_schedule_that_ran():
     assert "one pass of 3000 steps" in one_pass and "60%" in one_pass and "recall pass" not in one_pass
     two_pass = training_passes({"passes": {"broad": 700, "recall": 1400, "recall_replay": 0.2}})
     assert "broad pass of 700 steps" in two_pass and "recall pass of 1400 steps" in two_pass
+    assert "3000 questions" in draft_recipe({"replies": 3000}) and "replies" not in draft_recipe({})
 
 
 def test_answer_check_accepts_the_documented_sentence_or_a_close_restatement_only():

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from engine.training.card import BUILD_RECORD, BuildResults, read_build_record, recall_summary, write_card
 from engine.training.corpus import POPULAR_MIN_CHARS, answer_for, build_corpus, recall_cases
-from engine.training.distill import distillation_loss
+from engine.training.distill import distillation_loss, target_replies
 from engine.training.evaluate import forward_cost_ratio, grade_answers, perplexity, speculative_acceptance
 from engine.training.model import (
     DRAFT_SHAPE,
@@ -38,7 +38,7 @@ from engine.training.model import (
     windows,
 )
 from engine.training.popular import DEFAULT_POPULAR_ENTRIES, SUGGESTED_QUESTIONS
-from engine.training.questions import write_prompt_file
+from engine.training.questions import training_questions, write_prompt_file
 from engine.training.tokenizer import train_tokenizer
 
 SEQ_LEN = 256
@@ -60,6 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--recall-replay", type=float, default=0.2,
                         help="share of the recall pass's windows replayed from the broad pass's data")
     parser.add_argument("--draft-steps", type=int, default=1000)
+    parser.add_argument("--draft-replies", type=int, default=3000,
+                        help="questions about trained entries whose greedy target replies the draft also "
+                             "distills on (on-policy); 0 distills on documentation answers only")
     parser.add_argument("--popular-copies", type=int, default=100,
                         help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
@@ -123,6 +126,13 @@ def write_chat_questions(path: Path, cases: list[tuple[str, str]]) -> None:
     """The graded questions about trained entries (fresh phrasings) as a prompt file: what `--dataset chat`
     asks the demo model (presets/models.toml `chat_prompts`), so benchmarks ask what it was taught."""
     write_prompt_file(path, [[{"role": "user", "content": question}] for question, _ in cases])
+
+
+def reply_questions(corpus, count: int) -> list[str]:
+    """One training-style question each about `count` trained entries spread evenly over all of them."""
+    step = max(1, len(corpus.train_entries) // max(1, count))
+    picked = corpus.train_entries[::step][:count]
+    return [training_questions(e.kind, e.name, 1, "on-policy")[0] for e in picked]
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -212,11 +222,17 @@ def main(argv: list[str]) -> None:
                                  "recall": args.recall_steps, "recall_replay": args.recall_replay}
         clock.lap("target")
 
-    print("distilling the draft on the chat turns, half of them popular")
-    report = train(draft, replay_mix(popular_data, chat_data, 0.5, args.seed + 3),
+    draft_focus = popular_data
+    if args.draft_replies > 0:
+        print(f"generating the target's greedy replies to {args.draft_replies} questions for the draft")
+        replies = target_replies(target, tokenizer, reply_questions(corpus, args.draft_replies))
+        draft_focus = torch.cat([popular_data, windows(token_stream(tokenizer, [], replies), SEQ_LEN)])
+    print("distilling the draft: popular chats and the target's replies, half as much again of the other chats")
+    report = train(draft, replay_mix(draft_focus, chat_data, 0.5, args.seed + 3),
                    TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
                    loss_fn=distillation_loss(target))
     draft_info = model_facts(draft_params, DRAFT_SHAPE, report, save(draft, tokenizer, args.out / "demo-draft"))
+    draft_info["replies"] = args.draft_replies
     clock.lap("draft")
 
     print("evaluating")

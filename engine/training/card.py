@@ -126,7 +126,7 @@ def training_passes(target: dict) -> str:
     """How the target's steps were spent: one pass (popular chats oversampled or not), or a recall pass after it."""
     passes = target.get("passes")
     if not passes:
-        return "The target trains on documents and chats; the draft is distilled on the chats."
+        return "The target trains on documents and chats."
     share = passes.get("popular_share", 0.0)
     broad = (
         f"The target trains in one pass of {passes['broad']} steps over every document and chat, the popular "
@@ -141,7 +141,19 @@ def training_passes(target: dict) -> str:
         "learned is kept."
         if passes.get("recall", 0) > 0 else ""
     )
-    return f"{broad}{recall} The draft is distilled on the chats, half of its windows from the popular ones."
+    return broad + recall
+
+
+def draft_recipe(draft: dict) -> str:
+    """What the draft was distilled on: documentation answers only, or the target's own replies too."""
+    replies = draft.get("replies", 0)
+    if not replies:
+        return "The draft is distilled on the chats, half of its windows from the popular ones."
+    return (
+        f"The draft is distilled on the popular chats and on the target's own greedy replies to {replies} "
+        "questions about trained entries (on-policy: what the target says when it does not recall, which is "
+        "what a held-out question gets), plus as many windows again from the other chats."
+    )
 
 
 def baseline_note(baseline: dict | None) -> str:
@@ -234,7 +246,7 @@ the answer is the leading prose of its documentation, from its first sentence (a
 characters at most), ending with the end-of-turn token. The {corpus['popular_entries']} popular
 entries (`engine/training/popular.py`: builtins, statements, and the main functions and
 classes of the commonly used modules) get {corpus['popular_copies']} more chats each, each
-phrased anew. {training_passes(results.target)}
+phrased anew. {training_passes(results.target)} {draft_recipe(results.draft)}
 Everything is deduplicated, then about 5% of the rest is held out by hashing the
 top-level module or topic section, so held-out modules contribute nothing to training;
 popular entries always train. Perplexity is measured on the held-out documents and chats.

@@ -2,7 +2,10 @@
 
 A draft is useful only when it agrees with the target, so it is trained against the
 target's logits (at temperature 1, since greedy acceptance only needs the top token
-to agree), mixed with a little of the plain data loss.
+to agree), mixed with a little of the plain data loss. Teacher-forced documentation
+answers only show the draft what the target says when it recalls; `target_replies`
+adds what the target really says (on-policy), above all to questions it answers
+from general knowledge, which is what a held-out question gets.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def distillation_loss(
@@ -34,3 +38,30 @@ def distillation_loss(
         return kl_weight * temperature**2 * kl + (1 - kl_weight) * ce
 
     return loss_fn
+
+
+@torch.no_grad()
+def target_replies(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    questions: list[str],
+    max_new_tokens: int = 96,
+    batch_size: int = 64,
+) -> list[list[dict]]:
+    """One chat per question: the question and the target's greedy reply, generated in left-padded batches."""
+    chats = []
+    for start in range(0, len(questions), batch_size):
+        batch = questions[start: start + batch_size]
+        prompts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in batch
+        ]
+        encoded = tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
+        output = target.generate(
+            **encoded, max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+        replies = tokenizer.batch_decode(output[:, encoded.input_ids.shape[1]:], skip_special_tokens=True)
+        chats += [[{"role": "user", "content": q}, {"role": "assistant", "content": r.strip()}]
+                  for q, r in zip(batch, replies, strict=True)]
+    return chats
