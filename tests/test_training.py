@@ -49,6 +49,7 @@ from engine.training.questions import (
     KIND_TEMPLATES,
     name_form,
     phrase,
+    training_questions,
     with_fillers,
 )
 from engine.training.tokenizer import train_tokenizer
@@ -161,6 +162,14 @@ def test_fillers_go_between_words_never_first_and_never_into_the_name():
         words = question.split(" ")
         assert words[0] == "Walk" and "{name}" in words and len(words) - len(template.split(" ")) in (1, 2)
     assert not set(FRESH_TEMPLATES) & set(COMPOSED_TEMPLATES)
+
+
+def test_training_questions_use_the_composed_phrasings_and_fillers():
+    questions = [q.lower() for q in training_questions("function", "len", 400)]
+    composed = [q for q in questions if "walk me through" in q or "some background on" in q]
+    filled = [q for q in questions if {"pls", "basically", "um"} & set(q.replace(",", " ").split())]
+    assert composed, "no training question uses a COMPOSED_TEMPLATES phrasing"
+    assert filled, "no training question carries filler words"
 
 
 def test_surface_forms_vary_the_way_people_type():

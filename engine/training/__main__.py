@@ -18,8 +18,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from engine.training.card import BUILD_RECORD, BuildResults, read_build_record, recall_summary, write_card
-from engine.training.corpus import POPULAR_MIN_CHARS, answer_for, build_corpus, recall_cases
+from engine.training.card import (
+    BUILD_RECORD,
+    BuildResults,
+    draft_recipe,
+    read_build_record,
+    recall_summary,
+    write_card,
+)
+from engine.training.corpus import POPULAR_MIN_CHARS, answer_for, build_corpus, evenly_spread, recall_cases
 from engine.training.distill import distillation_loss, target_replies
 from engine.training.evaluate import forward_cost_ratio, grade_answers, perplexity, speculative_acceptance
 from engine.training.model import (
@@ -130,9 +137,7 @@ def write_chat_questions(path: Path, cases: list[tuple[str, str]]) -> None:
 
 def reply_questions(corpus, count: int) -> list[str]:
     """One training-style question each about `count` trained entries spread evenly over all of them."""
-    step = max(1, len(corpus.train_entries) // max(1, count))
-    picked = corpus.train_entries[::step][:count]
-    return [training_questions(e.kind, e.name, 1, "on-policy")[0] for e in picked]
+    return [training_questions(e.kind, e.name, 1, "on-policy")[0] for e in evenly_spread(corpus.train_entries, count)]
 
 
 def load_target(folder: Path, record: BuildResults):
@@ -227,7 +232,7 @@ def main(argv: list[str]) -> None:
         print(f"generating the target's greedy replies to {args.draft_replies} questions for the draft")
         replies = target_replies(target, tokenizer, reply_questions(corpus, args.draft_replies))
         draft_focus = torch.cat([popular_data, windows(token_stream(tokenizer, [], replies), SEQ_LEN)])
-    print("distilling the draft: popular chats and the target's replies, half as much again of the other chats")
+    print(f"distilling the draft. {draft_recipe({'replies': args.draft_replies})}")
     report = train(draft, replay_mix(draft_focus, chat_data, 0.5, args.seed + 3),
                    TrainSettings(steps=args.draft_steps, lr=3e-3, seed=args.seed + 1),
                    loss_fn=distillation_loss(target))

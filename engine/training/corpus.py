@@ -340,6 +340,11 @@ def recall_cases(entries: list[DocEntry], count: int, min_chars: int = MIN_ANSWE
     Every question uses a FRESH_TEMPLATES phrasing, which no training chat uses.
     """
     usable = [entry for entry in entries if answer_for(entry, min_chars)]
-    step = max(1, len(usable) // count)
-    picked = usable[::step][:count]
+    picked = evenly_spread(usable, count)
     return [(fresh_question(e.kind, e.name, i), answer_for(e, min_chars)) for i, e in enumerate(picked)]
+
+
+def evenly_spread(entries: list[DocEntry], count: int) -> list[DocEntry]:
+    """At most `count` of `entries`, taken at an even stride from the first, so every part of the list is asked."""
+    step = max(1, len(entries) // max(1, count))
+    return entries[::step][:count]

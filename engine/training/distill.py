@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from engine.training.evaluate import prompt_text
+
 
 def distillation_loss(
     teacher: torch.nn.Module, temperature: float = 1.0, kl_weight: float = 0.9
@@ -52,10 +54,7 @@ def target_replies(
     chats = []
     for start in range(0, len(questions), batch_size):
         batch = questions[start: start + batch_size]
-        prompts = [
-            tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-            for q in batch
-        ]
+        prompts = [prompt_text(tokenizer, question) for question in batch]
         encoded = tokenizer(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
         output = target.generate(
             **encoded, max_new_tokens=max_new_tokens, do_sample=False,

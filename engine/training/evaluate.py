@@ -33,10 +33,14 @@ def perplexity(model: PreTrainedModel, data: torch.Tensor, batch_size: int = 16)
     return math.exp(total / count)
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+def prompt_text(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
+    """A one-question chat rendered up to the start of the assistant's turn."""
     messages = [{"role": "user", "content": question}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False).input_ids
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+    return tokenizer(prompt_text(tokenizer, question), add_special_tokens=False).input_ids
 
 
 @torch.no_grad()
