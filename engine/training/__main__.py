@@ -70,7 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--draft-replies", type=int, default=3000,
                         help="questions about trained entries whose greedy target replies the draft also "
                              "distills on (on-policy); 0 distills on documentation answers only")
-    parser.add_argument("--popular-copies", type=int, default=100,
+    parser.add_argument("--popular-copies", type=int, default=150,
                         help="extra chats per popular entry, each phrased anew")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
                         help="keep about this many popular entries (the leading share of every curated group)")
