@@ -177,3 +177,16 @@ def test_norms_activation_rotary_and_kv_store_match_pytorch():
 def test_kernels_refuse_other_dtypes():
     with pytest.raises(RuntimeError, match="float32"):
         cpu_kernels.small_batch_linear(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(4, 8), None)
+
+
+def test_the_kernels_spread_work_over_torchs_threads():
+    """Built without OpenMP, at::parallel_for runs on the calling thread alone: attention at batch 64 took as long on
+    two threads as on one. With two threads asked for, two must do the work."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert cpu_kernels.parallel_threads_used(8) == 2
+        torch.set_num_threads(1)
+        assert cpu_kernels.parallel_threads_used(8) == 1
+    finally:
+        torch.set_num_threads(previous)

@@ -25,7 +25,10 @@ import torch
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
 BUILD_ROOT = Path(__file__).resolve().parent.parent.parent / "build" / "cpu-kernels"
 LIBRARY_NAME = "playground_cpu_kernels"
-CFLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-Wno-psabi"]
+# -fopenmp: the kernels spread work with at::parallel_for, which is a header template; compiled without OpenMP it
+# runs every range on the calling thread. Linked the same way, the library takes the libgomp torch has loaded.
+CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-Wno-psabi"]
+LDFLAGS = ["-fopenmp"]
 OPS = "playground_cpu"
 NOT_BUILT = "the engine's CPU kernels are not built for this source and torch (run `make kernels`)"
 
@@ -33,7 +36,7 @@ NOT_BUILT = "the engine's CPU kernels are not built for this source and torch (r
 def build_key() -> str:
     """What a build depends on: the source, the flags and the torch it links against."""
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join(CFLAGS).encode())
+    digest.update(" ".join(CFLAGS + LDFLAGS).encode())
     digest.update(torch.__version__.encode())
     return digest.hexdigest()[:16]
 
@@ -52,8 +55,8 @@ def build(verbose: bool = False) -> Path:
     # The pinned `ninja` package installs its binary next to this interpreter, which need not be on PATH.
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     path.parent.mkdir(parents=True, exist_ok=True)
-    load(name=LIBRARY_NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, build_directory=str(path.parent),
-         is_python_module=False, verbose=verbose)
+    load(name=LIBRARY_NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+         build_directory=str(path.parent), is_python_module=False, verbose=verbose)
     return path
 
 
@@ -100,6 +103,12 @@ def kernel_levels() -> list[str]:
 def use_kernel_level(name: str) -> str:
     """Run those kernels at `name` (one of `kernel_levels()`; the best is the default); returns the previous level."""
     return torch.ops.playground_cpu.use_kernel_level(name)
+
+
+def parallel_threads_used(tasks: int) -> int:
+    """How many of torch's intra-op threads the kernels' work-splitting ran `tasks` ranges on (1 when built without
+    OpenMP, whatever `torch.get_num_threads()` says)."""
+    return torch.ops.playground_cpu.parallel_threads_used(tasks)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

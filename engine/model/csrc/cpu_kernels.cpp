@@ -465,6 +465,14 @@ std::string use_kernel_level(const std::string& name) {
   TORCH_CHECK(false, "this CPU does not run kernel level '", name, "'");
 }
 
+// How many of torch's intra-op threads one at::parallel_for over `tasks` ranges ran on. at::parallel_for is a
+// header template: a build without OpenMP runs every range on the calling thread, silently (a test checks this).
+int64_t parallel_threads_used(int64_t tasks) {
+  std::vector<std::atomic<bool>> used(static_cast<size_t>(std::max<int64_t>(at::get_num_threads(), 1)));
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) { used[at::get_thread_num()] = true; });
+  return std::count_if(used.begin(), used.end(), [](const std::atomic<bool>& flag) { return flag.load(); });
+}
+
 void check_cpu_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
@@ -898,6 +906,7 @@ TORCH_LIBRARY(playground_cpu, m) {
   m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("kernel_levels() -> str[]", &kernel_levels);
   m.def("use_kernel_level(str name) -> str", &use_kernel_level);
+  m.def("parallel_threads_used(int tasks) -> int", &parallel_threads_used);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("silu_mul(Tensor x) -> Tensor");
