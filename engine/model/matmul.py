@@ -5,7 +5,8 @@ Three forms compute the same product on a CPU: MKL's GEMM (`F.linear`), oneDNN's
 the engine's small-batch kernel (model/cpu_kernels.py: each weight row read once for up to eight
 rows of x). Measured on the development machine (AMD EPYC, AVX-512; single thread, every linear
 layer of random-llama-20m in turn): at 8 rows the kernel takes 3.3 ms, oneDNN 4.6, MKL 7.1; at 32
-rows oneDNN 7.9, the kernel 10.0, MKL 14.4; a 2048-token prefill 310 ms with oneDNN, 646 with MKL.
+rows oneDNN 7.9, the kernel 10.0, MKL 14.4; a 2048-token prefill 310 ms with oneDNN, 646 with MKL. On two
+threads (one layer and the LM head) the kernel still wins at 8 rows (1.11 vs 1.24 ms) and loses at 16 (2.32 vs 2.04).
 MKL's AVX-512 paths are not used on this CPU; on another one MKL may win, so which of MKL and
 oneDNN serves more than `SMALL_BATCH_MAX_ROWS` rows is measured once per weight shape when a layer
 is built (random inputs of the layer's shape; a few milliseconds). The weight keeps the [out, in]
