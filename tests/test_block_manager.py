@@ -18,7 +18,7 @@ def check_invariants(manager: BlockManager) -> None:
             expected_refs[block_id] += 1
     for block in manager.blocks:
         assert block.ref_count == expected_refs[block.block_id], "ref count disagrees with the block tables"
-        assert (block.block_id in manager.free_ids) == (block.ref_count == 0), "free list disagrees with refs"
+        assert manager.is_free(block.block_id) == (block.ref_count == 0), "free lists disagree with refs"
     for block_hash, block_id in manager.cached.items():
         assert manager.blocks[block_id].block_hash == block_hash
     assert set(manager.pending.values()) <= set(manager.tables), "a pending prefix block outlived its sequence"
@@ -97,3 +97,24 @@ def test_a_prefix_being_computed_is_pending_until_committed():
     manager.commit(1, prompt, 13)
     assert not manager.waits_for_pending(prompt[:12] + [77, 78])
     assert manager.allocate(2, prompt[:12] + [77, 78]) == 12
+
+
+def test_freed_blocks_nobody_can_find_are_reused_before_never_used_ones():
+    """Their pages are committed already; a never-used block's first write faults its pages in. Cached blocks still
+    go last, least recently freed first."""
+    manager = BlockManager(16, BLOCK, prefix_caching=False)
+    manager.allocate(1, list(range(10)))
+    first = list(manager.tables[1])
+    manager.free(1)
+    manager.allocate(2, list(range(50, 60)))
+    assert manager.tables[2] == first, "the freed blocks come back, not blocks 3, 4, 5"
+    cached = BlockManager(16, BLOCK, prefix_caching=True)
+    prompt = list(range(10))
+    cached.allocate(1, prompt)
+    cached.commit(1, prompt, len(prompt))
+    full, partial = cached.tables[1][:2], cached.tables[1][2]
+    cached.free(1)
+    cached.allocate(2, [70] * 5)
+    assert cached.tables[2][0] == partial, "the partial block holds nothing findable: reused first"
+    assert not set(cached.tables[2]) & set(full), "the cached prefix survives while never-used blocks remain"
+    assert cached.allocate(3, prompt) == 8

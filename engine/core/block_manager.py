@@ -6,6 +6,9 @@ block is identified by a hash chained over all tokens up to its end, so two prom
 prefix share its blocks (ref count > 1). A block whose last user leaves keeps its hash and stays
 findable until the allocator hands it out again: free blocks are reused least-recently-freed first,
 so popular prefixes survive. A stored copy of each block's tokens guards against hash collisions.
+A freed block that nobody can find again (a partial last block, any block without prefix caching) is
+handed out before all of those, newest first: its pages are already committed and likely still in
+cache, while a never-used block's first write page-faults, and RSS would creep up to the whole pool.
 
 `block_size = max_model_len` gives the contiguous layout: each sequence reserves one slab for its
 whole context up front, which is the naive allocation paging replaces.
@@ -33,6 +36,7 @@ class BlockManager:
         self.prefix_caching = prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.reusable_ids: list[int] = []  # freed, holding nothing findable: taken first, last freed first
         self.cached: dict[int, int] = {}
         self.tables: dict[int, list[int]] = {}
         self.num_hashed: dict[int, int] = {}
@@ -44,7 +48,10 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_ids)
+        return len(self.free_ids) + len(self.reusable_ids)
+
+    def is_free(self, block_id: int) -> bool:
+        return block_id in self.free_ids or block_id in self.reusable_ids
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -90,7 +97,7 @@ class BlockManager:
         return self.blocks_needed(len(token_ids)) - len(hits) <= self.num_free_blocks - reused_free
 
     def _take_free_block(self) -> int:
-        block_id, _ = self.free_ids.popitem(last=False)
+        block_id = self.reusable_ids.pop() if self.reusable_ids else self.free_ids.popitem(last=False)[0]
         block = self.blocks[block_id]
         if block.block_hash is not None and self.cached.get(block.block_hash) == block_id:
             del self.cached[block.block_hash]
@@ -165,7 +172,11 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self.free_ids[block_id] = None
+                findable = block.block_hash is not None and self.cached.get(block.block_hash) == block_id
+                if findable:
+                    self.free_ids[block_id] = None
+                else:
+                    self.reusable_ids.append(block_id)
         self.num_hashed.pop(seq_id)
         for block_hash in [h for h, owner in self.pending.items() if owner == seq_id]:
             del self.pending[block_hash]
