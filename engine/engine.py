@@ -39,7 +39,7 @@ from engine.core.perplexity import (
     token_windows,
 )
 from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
-from engine.core.threads import start_helper_thread
+from engine.core.threads import run_on_passing_thread, start_helper_thread
 from engine.errors import ModelLoadError, RequestError
 from engine.hub import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
 from engine.model.spec import NATIVE_ARCHITECTURES
@@ -124,7 +124,8 @@ class Engine:
             config = dataclasses.replace(config, backend="hf" if not_native else "native").validate()
             if not_native:
                 notices.append(f"{not_native}: served by transformers")
-        self._backend: Backend | None = _make_backend(config, path, hf_config)
+        self._backend: Backend | None = run_on_passing_thread(lambda: _make_backend(config, path, hf_config),
+                                                              "engine-load", lambda backend: backend.close())
         backend_info = self._backend.info
         self.config = dataclasses.replace(config, max_model_len=backend_info.max_model_len)
         self.eos_token_ids = eos_token_ids(path, hf_config, self.tokenizer)

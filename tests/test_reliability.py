@@ -21,7 +21,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine import Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
+from engine import engine as engine_module
 from engine.core import detokenizer as detokenizer_module
+from engine.core import threads as threads_module
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from tests.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 
@@ -207,6 +209,49 @@ def test_the_engines_threads_leave_ctrl_c_to_the_main_thread(engine):
     with open(f"/proc/self/task/{loop.native_id}/status") as status:
         blocked = int(next(line for line in status if line.startswith("SigBlk:")).split()[1], 16)
     assert all(blocked >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM))
+
+
+def test_the_model_loads_on_a_thread_that_has_ended_when_the_engine_is_ready(tiny_llama_dir, monkeypatch):
+    """A thread that ran torch's parallel CPU operators keeps an OpenMP pool while it lives; beside the loop
+    thread's, it made libgomp put its threads to sleep between regions (engine.core.threads.run_on_passing_thread):
+    the caller's thread must not be the one that loads."""
+    loaded_on = []
+    make_backend = engine_module._make_backend
+
+    def recording(*args):
+        loaded_on.append(threading.current_thread())
+        return make_backend(*args)
+
+    monkeypatch.setattr(engine_module, "_make_backend", recording)
+    with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as loaded:
+        assert loaded.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))[0].finish_reason == "length"
+        assert loaded_on[0] is not threading.current_thread() and not loaded_on[0].is_alive()
+
+
+def test_a_failed_load_raises_its_own_error_in_the_caller(tiny_llama_dir, monkeypatch):
+    def failing(*args):
+        raise ModelLoadError("the weights are unreadable")
+
+    monkeypatch.setattr(engine_module, "_make_backend", failing)
+    with pytest.raises(ModelLoadError, match="unreadable"):
+        Engine(EngineConfig(model=tiny_llama_dir, dtype="float32"))
+
+
+def test_a_result_that_comes_after_the_caller_gave_up_is_discarded(monkeypatch):
+    """A Ctrl-C while the caller waits: the load goes on, and what it returns is released, not leaked."""
+    release, discarded = threading.Event(), []
+
+    def interrupted_wait(futures, timeout):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threads_module, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        threads_module.run_on_passing_thread(lambda: release.wait(5) and "backend", "test-load", discarded.append)
+    release.set()
+    deadline = time.monotonic() + 5
+    while not discarded and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert discarded == ["backend"]
 
 
 CTRL_C_ELSEWHERE = CTRL_C_AS_IN_A_TERMINAL + """

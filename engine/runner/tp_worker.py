@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from engine.core.metrics import peak_memory_bytes
+from engine.core.threads import EXIT_SIGNALS
 from engine.model.parallel import CollectiveTimer, ParallelContext
 from engine.quant.storage import weight_storage_bytes
 from engine.runner.build import RunnerSettings, build_runner
@@ -120,6 +121,9 @@ class Worker:
 
 def run_worker(spec: WorkerSpec, command, status) -> None:
     """The worker process's entry point (spawned; `command` is None except on rank 0)."""
+    # A spawned process inherits the signal mask of the thread that started it, which may be an engine helper
+    # thread's (SIGINT and SIGTERM blocked): a SIGTERM must reach this process.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, EXIT_SIGNALS)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle; it then stops us
     channel = StatusChannel(status)
     counters = {"execute_seconds": 0.0, "collective_seconds": 0.0, "steps": 0, "peak_memory_bytes": 0}
