@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 Prompt = str | list[int] | list[dict]
 STEP_HISTORY = 4096
+# An idle loop thread ends after this long; the next piece of work starts another. A thread that ran torch's parallel
+# CPU operators keeps an OpenMP pool while it lives, and with several engines loaded (the playground keeps a few),
+# their idle loops' pools made libgomp park its threads between every parallel region of the one that works.
+LOOP_IDLE_EXIT_SECONDS = 0.5
 SEED_BITS = 62
 
 
@@ -138,7 +142,9 @@ class Engine:
         self._held_out_perplexity: PerplexityResult | None = None
         self._held_out_lock = threading.Lock()
         self._closed = False
-        self._loop = start_helper_thread(self._run_loop, "engine-loop")
+        self._loop: threading.Thread | None = None
+        with self._wakeup:
+            self._wake_loop()
         try:
             self._warm_up()
         except BaseException:
@@ -225,14 +231,14 @@ class Engine:
                 raise RequestError("the engine is closed")
             requests = [self._make_request(prompt, params) for prompt in prompts]
             self._inbox.extend(requests)
-            self._wakeup.notify()
+            self._wake_loop()
         return [RequestHandle(request, self._cancel_request(request)) for request in requests]
 
     def _cancel_request(self, request: Request):
         def cancel() -> None:
             request.cancel_requested = True
             with self._wakeup:
-                self._wakeup.notify()
+                self._wake_loop()
         return cancel
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -280,7 +286,7 @@ class Engine:
             if self._closed:
                 raise RequestError("the engine is closed")
             self._loop_calls.append((call, future))
-            self._wakeup.notify()
+            self._wake_loop()
         return future.result()
 
     def perplexity(self, texts: list[str] | None = None,
@@ -322,7 +328,7 @@ class Engine:
             if self._closed:
                 raise RequestError("the engine is closed")
             self._perplexity_jobs.append(job)
-            self._wakeup.notify()
+            self._wake_loop()
         return job.wait(progress)
 
     def step_history(self, since: float = 0.0) -> list[StepRecord]:
@@ -335,8 +341,9 @@ class Engine:
             if self._closed:
                 return
             self._closed = True
-            self._wakeup.notify()
-        self._loop.join()
+            self._wake_loop()
+            loop = self._loop
+        loop.join()
         backend, self._backend = self._backend, None
         if backend is not None:
             backend.close()
@@ -365,13 +372,25 @@ class Engine:
         if job.done:
             self._perplexity_jobs.popleft()
 
+    def _has_loop_work(self) -> bool:
+        """Whether the loop has anything to do (called with `_wakeup` held)."""
+        return bool(self._inbox or self._loop_calls or self._backend.has_work() or self._perplexity_jobs
+                    or self._closed)
+
+    def _wake_loop(self) -> None:
+        """Tell the loop there is work, starting a loop thread if the last one ended idle (`_wakeup` held)."""
+        if self._loop is None or not self._loop.is_alive():
+            self._loop = start_helper_thread(self._run_loop, "engine-loop")
+        self._wakeup.notify()
+
     def _run_loop(self) -> None:
         backend = self._backend
         while True:
             with self._wakeup:
-                while not (self._inbox or self._loop_calls or backend.has_work() or self._perplexity_jobs
-                           or self._closed):
-                    self._wakeup.wait()
+                while not self._has_loop_work():
+                    if not self._wakeup.wait(LOOP_IDLE_EXIT_SECONDS) and not self._has_loop_work():
+                        self._loop = None  # idle: this thread ends, and its OpenMP pool with it
+                        return
                 if self._closed:
                     break
                 arrivals, self._inbox = self._inbox, []
