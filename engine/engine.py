@@ -237,8 +237,8 @@ class Engine:
     def _cancel_request(self, request: Request):
         def cancel() -> None:
             request.cancel_requested = True
-            with self._wakeup:
-                self._wake_loop()
+            with self._wakeup:  # a request not yet finished is the loop's work, so its loop thread is alive
+                self._wakeup.notify()
         return cancel
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RequestOutput]:
