@@ -116,7 +116,8 @@ def add_ratios(rows: list[dict]) -> None:
 
 def measure_rows(base: dict, rows: list[dict], batch1: WorkloadSpec, concurrent: WorkloadSpec,
                  concurrency: int, rounds: int = 3) -> list[dict]:
-    """Load every row, time them round-robin (medians over `rounds`), then measure each one's perplexity.
+    """Load every row, time them round-robin (medians over `rounds`), then measure each one's perplexity (when
+    the model has a tokenizer: a checkpoint of token ids alone has no text to score).
 
     A row that fails to load or run records its error and the table goes on.
     """
@@ -131,9 +132,10 @@ def measure_rows(base: dict, rows: list[dict], batch1: WorkloadSpec, concurrent:
                 results[index]["error"] = f"{type(error).__name__}: {error}"
         _speed_rounds(engines, results, batch1, concurrent, concurrency, rounds)
         for index, engine in engines.items():
-            quality = engine.perplexity()
-            results[index].update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
-                                   "perplexity_seconds": quality.seconds})
+            if engine.tokenizer is not None:
+                quality = engine.perplexity()
+                results[index].update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
+                                       "perplexity_seconds": quality.seconds})
             print(format_row(results[index]), flush=True)
     finally:
         for engine in engines.values():

@@ -40,3 +40,13 @@ def test_table_rows_cover_levels_and_kv_heads(tiny_chat_dir, tmp_path):
     assert mqa["kv_bytes_per_token"] * 2 == none["kv_bytes_per_token"]  # 2 KV heads -> 1
     assert mqa["kv_blocks"] >= 2 * none["kv_blocks"] and mqa["weights_ratio"] < 1
     assert none["perplexity"] > 1 and mqa["perplexity"] != none["perplexity"]
+
+
+def test_table_times_a_checkpoint_without_a_tokenizer(tiny_llama_dir, tmp_path):
+    """Random hub-shaped checkpoints (`make gpu-check`'s decode model) have token ids but no text to score."""
+    out = tmp_path / "table.json"
+    assert table_main(["--model", tiny_llama_dir, "--row", "quantization=none", "--batch1-prompts", "1",
+                       "--concurrency", "2", "--input-len", "4", "--output-len", "3", "--rounds", "1",
+                       "--kv-cache-bytes", "1MiB", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert "error" not in row and row["batch1_tpot_ms"] > 0 and row.get("perplexity") is None
