@@ -57,6 +57,9 @@ def build(verbose: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     load(name=LIBRARY_NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
          build_directory=str(path.parent), is_python_module=False, verbose=verbose)
+    if not path.is_file():
+        built = sorted(p.name for p in path.parent.iterdir())
+        raise RuntimeError(f"the CPU kernel build finished without {path.name} in {path.parent} (found {built})")
     return path
 
 
