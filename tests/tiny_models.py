@@ -70,10 +70,12 @@ def build_tiny_tokenizer(folder: Path) -> PreTrainedTokenizerFast:
     return wrapped
 
 
-def build_tiny_chat_model(folder: Path, seed: int = 0) -> str:
-    """A random Llama with a real tokenizer and chat template, for text, stop-string and chat tests."""
+def build_tiny_chat_model(folder: Path, seed: int = 0, **fields) -> str:
+    """A random Llama with a real tokenizer and chat template, for text, stop-string and chat tests; `fields`
+    override the config (e.g. a shape that a quantization kernel accepts)."""
     tokenizer = build_tiny_tokenizer(folder)
     torch.manual_seed(seed)
-    config = LlamaConfig(**{**COMMON, "vocab_size": len(tokenizer)}, num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(**{**COMMON, "vocab_size": len(tokenizer), "num_attention_heads": 4,
+                            "num_key_value_heads": 2, **fields})
     LlamaForCausalLM(config).eval().save_pretrained(folder)
     return str(folder)
