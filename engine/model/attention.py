@@ -11,10 +11,11 @@ Backends:
   place through its block table, for decode tokens and for short chunks over a cached prefix
   (speculative verification, chunked prefill tails); a prompt's first chunk attends to its own
   fresh K/V with torch's SDPA, as do long chunks over a prefix (whose gather is then amortised).
-- `sdpa`, `eager`: pure PyTorch. Decode tokens are attended together after copying every cached
-  block of their sequences into one padded tensor (torch's fused SDPA, or matmul + softmax in
-  float32: the readable reference); chunks with several tokens one sequence at a time. The pool
-  is not zero-filled, so the padding copied with the blocks is zeroed before it is read.
+- `sdpa`, `eager`: pure PyTorch. Decode tokens and short chunks (speculative verification, a draft's
+  catch-up) are attended together after copying every cached block of their sequences into one
+  padded tensor, their queries padded to the longest chunk (torch's fused SDPA, or matmul + softmax
+  in float32: the readable reference); longer chunks one sequence at a time. The pool is not
+  zero-filled, so the padding copied with the blocks is zeroed before it is read.
 - `flash-attn`: the flash_attn package's varlen and paged kernels (CUDA only).
 """
 
@@ -32,6 +33,9 @@ from engine.model import cpu_kernels
 # A chunk over a cached prefix with more query tokens than this gathers its prefix once and runs SDPA:
 # the kernel reads K/V once per query row, SDPA's matmuls amortise one copy over many rows.
 KERNEL_MAX_CHUNK_TOKENS = 32
+# Chunks of at most this many tokens join the decode tokens' padded batch in the pure-PyTorch backends: a fixed
+# number of operators per layer for the whole batch, where one span per sequence costs about ten per sequence.
+GATHER_MAX_CHUNK_TOKENS = 16
 
 
 @dataclass
@@ -67,15 +71,28 @@ class PrefillSpan:
 
 
 @dataclass
+class PaddedRows:
+    """Sequences attended together over padded copies of their blocks, each with its new tokens padded to the
+    longest: [B, L] query slots, the first `query_len[b]` of row b real (a padding slot repeats the row's last
+    token and is never written back)."""
+
+    token_index: torch.Tensor    # [B * L] flat token row of each query slot
+    real_slots: torch.Tensor     # [B * L] bool: the slot holds one of the row's tokens
+    blocks: torch.Tensor         # [B * width] block ids, row-major
+    kv_valid: torch.Tensor       # [B, width * block_size] bool: slot written for this row (position < its length)
+    mask: torch.Tensor           # [B, 1, L, width * block_size] bool: what each query slot may see (causal)
+    rows: int
+    query_slots: int
+
+
+@dataclass
 class AttentionMetadata:
     """What the layers of one step read: where K/V go (`slot_mapping`) and the backend's own view of the batch."""
 
     slot_mapping: torch.Tensor
     batch: StepBatch | None = None
     kernel_query_len: torch.Tensor | None = None
-    decode_token_index: torch.Tensor | None = None
-    decode_blocks: torch.Tensor | None = None
-    decode_valid: torch.Tensor | None = None
+    padded: PaddedRows | None = None
     prefills: list[PrefillSpan] = field(default_factory=list)
     flash: dict | None = None
 
@@ -191,44 +208,60 @@ class CpuPagedAttention(SpanAttention):
 
 
 class GatherAttention(SpanAttention):
-    """Pure PyTorch: decode tokens attend together over their blocks copied into one padded tensor."""
+    """Pure PyTorch: decode tokens and short chunks attend together over their blocks copied into one padded
+    tensor; longer chunks (prompts) one sequence at a time."""
 
     def build_metadata(self, batch: StepBatch) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=batch.slot_mapping)
         token_starts = _token_starts(batch.query_lens)
-        decode_rows = [row for row, length in enumerate(batch.query_lens) if length == 1]
-        if decode_rows:
-            device = batch.query_len.device
-            rows = torch.tensor(decode_rows, device=device)
-            lens = batch.context_lens.index_select(0, rows)
-            width = -(-max(batch.starts[r] + 1 for r in decode_rows) // self.block_size)
-            meta.decode_blocks = batch.block_tables.index_select(0, rows)[:, :width].flatten().long()
-            kv_positions = torch.arange(width * self.block_size, device=device)
-            meta.decode_valid = kv_positions[None, :] < lens[:, None]
-            meta.decode_token_index = batch.query_start.index_select(0, rows)
+        short = [row for row, length in enumerate(batch.query_lens) if length <= GATHER_MAX_CHUNK_TOKENS]
+        if short:
+            meta.padded = self._padded_rows(batch, short)
         meta.prefills = [self.span(batch, row, token_starts[row])
-                         for row, length in enumerate(batch.query_lens) if length > 1]
+                         for row, length in enumerate(batch.query_lens) if length > GATHER_MAX_CHUNK_TOKENS]
         return meta
 
-    def _padded(self, cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """[B, H, width, D] blocks of each decode sequence; slots past its length (never written, or
+    def _padded_rows(self, batch: StepBatch, rows: list[int]) -> PaddedRows:
+        device = batch.query_len.device
+        slots = max(batch.query_lens[r] for r in rows)
+        width = -(-max(batch.starts[r] + batch.query_lens[r] for r in rows) // self.block_size)
+        index = torch.tensor(rows, device=device)
+        lens, counts = batch.context_lens.index_select(0, index), batch.query_len.index_select(0, index)
+        slot = torch.arange(slots, device=device)
+        real = slot[None, :] < counts[:, None]                                        # [B, L]
+        clamped = torch.minimum(slot[None, :], counts[:, None] - 1)
+        kv_positions = torch.arange(width * self.block_size, device=device)
+        query_positions = lens[:, None] - counts[:, None] + clamped                   # [B, L]
+        return PaddedRows(
+            token_index=(batch.query_start.index_select(0, index)[:, None] + clamped).flatten(),
+            real_slots=real.flatten(),
+            blocks=batch.block_tables.index_select(0, index)[:, :width].flatten().long(),
+            kv_valid=kv_positions[None, :] < lens[:, None],
+            mask=(kv_positions[None, None, :] <= query_positions[:, :, None]).unsqueeze(1),
+            rows=len(rows), query_slots=slots)
+
+    def _padded_cache(self, cache: torch.Tensor, padded: PaddedRows) -> torch.Tensor:
+        """[B, H, width, D] blocks of each padded row's sequence; slots past its length (never written, or
         stale from an earlier owner of the block) are zeroed so that no garbage reaches the softmax."""
-        batch = meta.decode_valid.shape[0]
-        gathered = self.blocks(cache, meta.decode_blocks).unflatten(1, (batch, -1)).transpose(0, 1)
-        return gathered.masked_fill_(~meta.decode_valid[:, None, :, None], 0.0)
+        gathered = self.blocks(cache, padded.blocks).unflatten(1, (padded.rows, -1)).transpose(0, 1)
+        return gathered.masked_fill_(~padded.kv_valid[:, None, :, None], 0.0)
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         with section("kv_write"):
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        if meta.decode_token_index is not None:
+        padded = meta.padded
+        if padded is not None:
             with section("kv_gather"):
-                k_padded, v_padded = self._padded(k_cache, meta), self._padded(v_cache, meta)
+                k_padded, v_padded = self._padded_cache(k_cache, padded), self._padded_cache(v_cache, padded)
             with section("attention"):
-                q_dec = q.index_select(0, meta.decode_token_index).unsqueeze(2)           # [B, Hq, 1, D]
-                mask = meta.decode_valid[:, None, None, :]
-                attended = self.kernel(q_dec, k_padded, v_padded, mask, self.scale, False)
-                out.index_copy_(0, meta.decode_token_index, attended.squeeze(2))
+                q_padded = q.index_select(0, padded.token_index).unflatten(0, (padded.rows, padded.query_slots))
+                attended = self.kernel(q_padded.transpose(1, 2), k_padded, v_padded, padded.mask, self.scale, False)
+                attended = attended.transpose(1, 2).flatten(0, 1)                    # [B * L, Hq, D]
+                if padded.query_slots == 1:
+                    out.index_copy_(0, padded.token_index, attended)
+                else:
+                    out.index_copy_(0, padded.token_index[padded.real_slots], attended[padded.real_slots])
         with section("attention"):
             self.attend_spans(q, k, v, k_cache, v_cache, meta.prefills, out)
         return out
