@@ -47,36 +47,63 @@ def test_several_tokens_over_a_cached_prefix_score_like_transformers(arch, setti
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_short_chunks_of_many_sequences_attend_in_one_padded_batch_and_score_like_transformers(attention,
-                                                                                               tiny_llama_dir):
-    """A speculative verification step of several sequences (chunks of 1 to 6 tokens over cached prefixes of
-    different lengths) next to a prompt: the short chunks go through the padded batch (a fixed number of
-    operators per layer), the prompt through its own span, and every scored position matches transformers."""
-    generator = torch.Generator().manual_seed(3)
-    texts = {seq: [int(t) for t in torch.randint(3, 300, (n,), generator=generator)]
-             for seq, n in ((1, 27), (2, 11), (3, 20), (4, 10))}
-    cached = {1: 22, 2: 10, 4: 7}
-    tables = {1: [30, 2, 17, 5, 9, 11, 40], 2: [3, 21, 8], 3: [12, 13, 14, 15, 16], 4: [25, 1, 33]}
-    backend = native_backend(tiny_llama_dir, block_size=4, attention=attention)
+def _score_one_step(folder: str, attention: str, texts: dict, cached: dict, tables: dict):
+    """Cache each sequence's first `cached[seq]` tokens, then score the rest of every sequence in one step; returns
+    that step's attention metadata, its logits and transformers' logits for the same positions."""
+    backend = native_backend(folder, block_size=4, attention=attention)
     try:
         runner = backend.executor.runner
         with torch.inference_mode():
             runner.execute(StepPlan([SequenceChunk(texts[seq][:n], 0, tables[seq][:-(-n // 4)], 0, seq_id=seq)
                                      for seq, n in cached.items()]))
-            chunks = [SequenceChunk(texts[seq][cached.get(seq, 0):], cached.get(seq, 0), tables[seq],
-                                    len(texts[seq]) - cached.get(seq, 0), seq_id=seq) for seq in (1, 2, 3, 4)]
+            chunks = [SequenceChunk(text[cached.get(seq, 0):], cached.get(seq, 0), tables[seq],
+                                    len(text) - cached.get(seq, 0), seq_id=seq) for seq, text in texts.items()]
             meta = runner.prepare(StepPlan(chunks))[2]
             logits = runner.execute(StepPlan(chunks))
     finally:
         backend.close()
-    assert meta.padded.rows == 3 and meta.padded.query_slots == 5 and len(meta.prefills) == 1
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    expected = []
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     with torch.inference_mode():
-        for seq in (1, 2, 3, 4):
-            expected.append(model(torch.tensor([texts[seq]])).logits[0, cached.get(seq, 0):])
-    torch.testing.assert_close(logits, torch.cat(expected), atol=1e-4, rtol=1e-4)
+        expected = torch.cat([model(torch.tensor([text])).logits[0, cached.get(seq, 0):]
+                              for seq, text in texts.items()])
+    return meta, logits, expected
+
+
+def _random_texts(lengths: dict) -> dict:
+    generator = torch.Generator().manual_seed(3)
+    return {seq: [int(t) for t in torch.randint(3, 300, (n,), generator=generator)] for seq, n in lengths.items()}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_short_chunks_of_many_sequences_attend_in_one_padded_batch_and_score_like_transformers(attention,
+                                                                                               tiny_llama_dir):
+    """A speculative verification step of several sequences (chunks of 1 to 6 tokens over cached prefixes of
+    different lengths) next to a prompt: the short chunks go through the padded batch (a fixed number of
+    operators per layer), the lone prompt through its own span, and every scored position matches transformers."""
+    texts = _random_texts({1: 27, 2: 11, 3: 20, 4: 10})
+    tables = {1: [30, 2, 17, 5, 9, 11, 40], 2: [3, 21, 8], 3: [12, 13, 14, 15, 16], 4: [25, 1, 33]}
+    meta, logits, expected = _score_one_step(tiny_llama_dir, attention, texts, {1: 22, 2: 10, 4: 7}, tables)
+    assert [(p.rows, p.query_slots) for p in meta.padded] == [(3, 5)] and len(meta.prefills) == 1
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_prompts_arriving_together_attend_as_a_second_padded_batch_within_its_budget(attention, tiny_llama_dir,
+                                                                                      monkeypatch):
+    """Two prompts (one fresh, one continuing after a cached chunk) beside a decode token: the prompts form a
+    second padded batch, or spans once their mask would outgrow the budget; both score like transformers."""
+    from engine.model import attention as attention_module
+
+    texts = _random_texts({1: 23, 2: 37, 3: 9})
+    tables = {1: [4, 5, 6, 7, 8, 9], 2: [30, 31, 32, 33, 34, 35, 36, 37, 38, 39], 3: [50, 51, 52]}
+    cached = {2: 12, 3: 8}
+    meta, logits, expected = _score_one_step(tiny_llama_dir, attention, texts, cached, tables)
+    assert [(p.rows, p.query_slots) for p in meta.padded] == [(1, 1), (2, 25)] and not meta.prefills
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(attention_module, "PADDED_MASK_BUDGET", 2 * 25 * 40 - 1)
+    meta, logits, expected = _score_one_step(tiny_llama_dir, attention, texts, cached, tables)
+    assert [(p.rows, p.query_slots) for p in meta.padded] == [(1, 1)] and len(meta.prefills) == 2
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_block_tables_write_only_what_changed():

@@ -14,8 +14,9 @@ Backends:
 - `sdpa`, `eager`: pure PyTorch. Decode tokens and short chunks (speculative verification, a draft's
   catch-up) are attended together after copying every cached block of their sequences into one
   padded tensor, their queries padded to the longest chunk (torch's fused SDPA, or matmul + softmax
-  in float32: the readable reference); longer chunks one sequence at a time. The pool is not
-  zero-filled, so the padding copied with the blocks is zeroed before it is read.
+  in float32: the readable reference); the step's longer chunks (prompts) form a second padded batch
+  when its mask stays small, else go one sequence at a time. The pool is not zero-filled, so the
+  padding copied with the blocks is zeroed before it is read.
 - `flash-attn`: the flash_attn package's varlen and paged kernels (CUDA only).
 """
 
@@ -36,6 +37,10 @@ KERNEL_MAX_CHUNK_TOKENS = 32
 # Chunks of at most this many tokens join the decode tokens' padded batch in the pure-PyTorch backends: a fixed
 # number of operators per layer for the whole batch, where one span per sequence costs about ten per sequence.
 GATHER_MAX_CHUNK_TOKENS = 16
+# The longer chunks of a step attend as one padded batch while rows x query slots x key slots stays within this
+# (a 16 MB mask; the eager reference's float32 scores per head are 4x that): prompts arriving together are then a
+# fixed number of operators per layer too. Beyond it, and for a lone chunk, one span per sequence.
+PADDED_MASK_BUDGET = 2**22
 
 
 @dataclass
@@ -92,7 +97,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     batch: StepBatch | None = None
     kernel_query_len: torch.Tensor | None = None
-    padded: PaddedRows | None = None
+    padded: list[PaddedRows] = field(default_factory=list)
     prefills: list[PrefillSpan] = field(default_factory=list)
     flash: dict | None = None
 
@@ -209,22 +214,33 @@ class CpuPagedAttention(SpanAttention):
 
 class GatherAttention(SpanAttention):
     """Pure PyTorch: decode tokens and short chunks attend together over their blocks copied into one padded
-    tensor; longer chunks (prompts) one sequence at a time."""
+    tensor; longer chunks (prompts) in a second one when it stays small, else one sequence at a time."""
 
     def build_metadata(self, batch: StepBatch) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=batch.slot_mapping)
-        token_starts = _token_starts(batch.query_lens)
         short = [row for row, length in enumerate(batch.query_lens) if length <= GATHER_MAX_CHUNK_TOKENS]
+        long = [row for row, length in enumerate(batch.query_lens) if length > GATHER_MAX_CHUNK_TOKENS]
         if short:
-            meta.padded = self._padded_rows(batch, short)
-        meta.prefills = [self.span(batch, row, token_starts[row])
-                         for row, length in enumerate(batch.query_lens) if length > GATHER_MAX_CHUNK_TOKENS]
+            meta.padded.append(self._padded_rows(batch, short))
+        if len(long) > 1 and self._padded_mask_size(batch, long) <= PADDED_MASK_BUDGET:
+            meta.padded.append(self._padded_rows(batch, long))
+        else:
+            token_starts = _token_starts(batch.query_lens)
+            meta.prefills = [self.span(batch, row, token_starts[row]) for row in long]
         return meta
+
+    def _padded_shape(self, batch: StepBatch, rows: list[int]) -> tuple[int, int]:
+        """Query slots per row (the longest chunk) and blocks per row (the longest context) of a padded batch."""
+        slots = max(batch.query_lens[r] for r in rows)
+        return slots, -(-max(batch.starts[r] + batch.query_lens[r] for r in rows) // self.block_size)
+
+    def _padded_mask_size(self, batch: StepBatch, rows: list[int]) -> int:
+        slots, width = self._padded_shape(batch, rows)
+        return len(rows) * slots * width * self.block_size
 
     def _padded_rows(self, batch: StepBatch, rows: list[int]) -> PaddedRows:
         device = batch.query_len.device
-        slots = max(batch.query_lens[r] for r in rows)
-        width = -(-max(batch.starts[r] + batch.query_lens[r] for r in rows) // self.block_size)
+        slots, width = self._padded_shape(batch, rows)
         index = torch.tensor(rows, device=device)
         lens, counts = batch.context_lens.index_select(0, index), batch.query_len.index_select(0, index)
         slot = torch.arange(slots, device=device)
@@ -250,8 +266,7 @@ class GatherAttention(SpanAttention):
         with section("kv_write"):
             write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
-        padded = meta.padded
-        if padded is not None:
+        for padded in meta.padded:
             with section("kv_gather"):
                 k_padded, v_padded = self._padded_cache(k_cache, padded), self._padded_cache(v_cache, padded)
             with section("attention"):
