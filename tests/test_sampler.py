@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.model.sampler import SamplingTensors, counter_uniform, filtered_probs, sample
+from engine.model.sampler import SamplingTensors, counter_uniform, filtered_probs, greedy, sample
 
 VOCAB = 8
 
@@ -90,6 +90,16 @@ def test_a_row_with_unusable_logits_is_invalid_alone():
     result = sample(logits, SamplingTensors.build([0.0, 0.0, 1.0, 1.0], [0] * 4, [1.0] * 4, [1] * 4, [0] * 4, "cpu"))
     assert result.valid.tolist() == [True, False, False, True]
     assert result.tokens[0].item() == 0
+
+
+def test_the_greedy_shortcut_picks_what_greedy_settings_pick():
+    """`greedy` (a batch of greedy requests, no settings tensors) equals `sample` with temperature 0, validity too."""
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(4))
+    logits[3, 2] = float("nan")
+    shortcut, full = greedy(logits), sample(logits, settings(5, temperature=0.0))
+    assert shortcut.tokens.tolist() == full.tokens.tolist()
+    assert [shortcut.tokens[row].item() for row in (0, 1, 2, 4)] == logits[[0, 1, 2, 4]].argmax(-1).tolist()
+    assert shortcut.valid.tolist() == full.valid.tolist() == [True, True, True, False, True]
 
 
 def test_counter_uniform_is_uniform_and_streams_differ():

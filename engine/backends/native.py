@@ -45,7 +45,7 @@ from engine.errors import ConfigError
 from engine.model import cpu_kernels
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
-from engine.model.sampler import SamplingTensors, sample
+from engine.model.sampler import SamplingTensors, greedy, sample
 from engine.model.spec import ModelSpec
 from engine.quant.gqa import convert_spec
 from engine.quant.storage import parameter_count, weight_storage_bytes
@@ -292,10 +292,12 @@ class NativeBackend:
             verified = self.speculator.verify(completing, logits)
             return verified.tokens, verified.valid
         rows = [item.request for item in completing]
-        settings = SamplingTensors.build(
-            [r.params.temperature for r in rows], [r.params.top_k for r in rows], [r.params.top_p for r in rows],
-            [r.seed for r in rows], [len(r.output_token_ids) for r in rows], logits.device)
-        sampled = sample(logits, settings)
+        if all(r.params.temperature == 0 for r in rows):
+            sampled = greedy(logits)
+        else:
+            sampled = sample(logits, SamplingTensors.build(
+                [r.params.temperature for r in rows], [r.params.top_k for r in rows], [r.params.top_p for r in rows],
+                [r.seed for r in rows], [len(r.output_token_ids) for r in rows], logits.device))
         return [[token] for token in sampled.tokens.tolist()], sampled.valid.tolist()
 
     @staticmethod

@@ -106,13 +106,20 @@ class SampledTokens:
     valid: torch.Tensor
 
 
-def sample(logits: torch.Tensor, settings: SamplingTensors) -> SampledTokens:
-    """Pick one token per row of `logits` [rows, vocab] by that row's settings."""
+def greedy(logits: torch.Tensor) -> SampledTokens:
+    """The argmax of every row. A batch of greedy requests needs no settings tensors: what `sample` does for
+    them, without building five tensors a step (a tenth of a millisecond at batch 1 on a CPU)."""
     # One pass gives the greedy token and the row's validity: a row's max is NaN if any of its logits is.
     best, tokens = torch.max(logits, dim=-1)
-    valid = torch.isfinite(best)
+    return SampledTokens(tokens, torch.isfinite(best))
+
+
+def sample(logits: torch.Tensor, settings: SamplingTensors) -> SampledTokens:
+    """Pick one token per row of `logits` [rows, vocab] by that row's settings."""
+    picked = greedy(logits)
     if settings.all_greedy:
-        return SampledTokens(tokens, valid)
+        return picked
+    tokens, valid = picked.tokens, picked.valid
     rows = torch.nonzero(settings.temperature > 0).squeeze(1)
     probs = filtered_probs(logits.index_select(0, rows), settings.temperature[rows], settings.top_k[rows],
                            settings.top_p[rows])
