@@ -12,9 +12,12 @@ from tests.tiny_models import TINY_ARCHITECTURES, build_tiny_chat_model, build_t
 
 
 @pytest.fixture(scope="session", autouse=True)
-def cpu_kernels_built() -> None:
+def cpu_kernels_built(request) -> None:
     """The engine's C++ CPU kernels, built as `make test` builds them (a no-op when built), so that the
-    kernel paths are tested whenever the suite runs; the pure-PyTorch paths are tested with cpu_kernels=False."""
+    kernel paths are tested whenever the suite runs; the pure-PyTorch paths are tested with cpu_kernels=False.
+    A GPU-only run (`pytest -m gpu`) tests no CPU kernel path and does not build them."""
+    if request.config.getoption("markexpr") == "gpu":
+        return
     from engine.model import cpu_kernels
 
     cpu_kernels.build()
