@@ -84,7 +84,7 @@ class PaddedRows:
     token_index: torch.Tensor    # [B * L] flat token row of each query slot
     real_slots: torch.Tensor     # [B * L] bool: the slot holds one of the row's tokens
     blocks: torch.Tensor         # [B * width] block ids, row-major
-    kv_valid: torch.Tensor       # [B, width * block_size] bool: slot written for this row (position < its length)
+    kv_padding: torch.Tensor     # [B, 1, width * block_size, 1] bool: slot past this row's length (zeroed)
     mask: torch.Tensor           # [B, 1, L, width * block_size] bool: what each query slot may see (causal)
     rows: int
     query_slots: int
@@ -252,7 +252,7 @@ class GatherAttention(SpanAttention):
             token_index=(batch.query_start.index_select(0, index)[:, None] + clamped).flatten(),
             real_slots=real.flatten(),
             blocks=batch.block_tables.index_select(0, index)[:, :width].flatten().long(),
-            kv_valid=kv_positions[None, :] < lens[:, None],
+            kv_padding=(kv_positions[None, :] >= lens[:, None])[:, None, :, None],
             mask=(kv_positions[None, None, :] <= query_positions[:, :, None]).unsqueeze(1),
             rows=len(rows), query_slots=slots)
 
@@ -260,7 +260,7 @@ class GatherAttention(SpanAttention):
         """[B, H, width, D] blocks of each padded row's sequence; slots past its length (never written, or
         stale from an earlier owner of the block) are zeroed so that no garbage reaches the softmax."""
         gathered = self.blocks(cache, padded.blocks).unflatten(1, (padded.rows, -1)).transpose(0, 1)
-        return gathered.masked_fill_(~padded.kv_valid[:, None, :, None], 0.0)
+        return gathered.masked_fill_(padded.kv_padding, 0.0)
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         with section("kv_write"):
