@@ -96,10 +96,14 @@ class BlockManager:
         reused_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return self.blocks_needed(len(token_ids)) - len(hits) <= self.num_free_blocks - reused_free
 
+    def _findable(self, block: Block) -> bool:
+        """Whether a prefix lookup can still find this block (its hash maps to it)."""
+        return block.block_hash is not None and self.cached.get(block.block_hash) == block.block_id
+
     def _take_free_block(self) -> int:
         block_id = self.reusable_ids.pop() if self.reusable_ids else self.free_ids.popitem(last=False)[0]
         block = self.blocks[block_id]
-        if block.block_hash is not None and self.cached.get(block.block_hash) == block_id:
+        if self._findable(block):
             del self.cached[block.block_hash]
         block.block_hash = None
         block.token_ids = None
@@ -172,8 +176,7 @@ class BlockManager:
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                findable = block.block_hash is not None and self.cached.get(block.block_hash) == block_id
-                if findable:
+                if self._findable(block):
                     self.free_ids[block_id] = None
                 else:
                     self.reusable_ids.append(block_id)
