@@ -250,19 +250,27 @@ def build_decode_model(folder: Path) -> str:
     return str(folder)
 
 
+def precision_rows(skipped_levels: set[str]) -> tuple[list[dict], list[dict]]:
+    """The demo table's rows on CUDA and the decode table's, without the levels the run was told to skip."""
+    from engine.precision_table import default_rows
+
+    demo = [row for row in default_rows("demo", "cuda") if row.get("quantization") not in skipped_levels]
+    return demo, [{"quantization": level} for level in DECODE_LEVELS if level not in skipped_levels]
+
+
 def check_precision(decode_folder: Path, skipped_levels: set[str]) -> dict:
     """The precision table on CUDA (demo model), and batch-1 decode at 4 bits vs bfloat16 on a larger model."""
-    from engine.precision_table import default_rows, measure_rows
+    from engine.precision_table import measure_rows
     from engine.workloads import WorkloadSpec
 
     base = {"model": "demo", "device": "cuda", "dtype": "bfloat16", "kv_cache_bytes": 64 * 2**20, "max_num_seqs": 32}
     short = WorkloadSpec(num_prompts=4, input_len=128, output_len=32)
-    rows = [row for row in default_rows("demo", "cuda") if row.get("quantization") not in skipped_levels]
-    table = measure_rows(base, rows, short, WorkloadSpec(num_prompts=32, input_len=128, output_len=32, seed=1), 32)
+    demo_rows, decode_rows = precision_rows(skipped_levels)
+    table = measure_rows(base, demo_rows, short, WorkloadSpec(num_prompts=32, input_len=128, output_len=32, seed=1),
+                         32)
     path = build_decode_model(decode_folder)
     decode_base = {"model": path, "device": "cuda", "dtype": "bfloat16", "kv_cache_bytes": 2**30, "max_num_seqs": 8}
-    decode = measure_rows(decode_base, [{"quantization": level} for level in DECODE_LEVELS
-                                        if level not in skipped_levels],
+    decode = measure_rows(decode_base, decode_rows,
                           WorkloadSpec(num_prompts=4, input_len=64, output_len=64),
                           WorkloadSpec(num_prompts=8, input_len=64, output_len=64, seed=1), 8)
     bf16 = next((row for row in decode if row.get("quantization") == "none" and "error" not in row), None)

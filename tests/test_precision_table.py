@@ -50,3 +50,16 @@ def test_table_times_a_checkpoint_without_a_tokenizer(tiny_llama_dir, tmp_path):
                        "--kv-cache-bytes", "1MiB", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert "error" not in row and row["batch1_tpot_ms"] > 0 and row.get("perplexity") is None
+
+
+def test_gpu_check_leaves_out_the_levels_it_is_told_to_skip():
+    """`python -m engine.gpu_check --skip-levels` (e.g. a level that compiles CUDA kernels for minutes)."""
+    from engine.gpu_check import precision_rows
+
+    skipped = {"quanto-int4", "torchao-int4"}
+    demo, decode = precision_rows(set())
+    demo_skipped, decode_skipped = precision_rows(skipped)
+    assert {"quantization": "quanto-int4"} in demo and {"quantization": "torchao-int4"} in decode
+    assert demo_skipped == [row for row in demo if row.get("quantization") not in skipped] != demo
+    assert decode_skipped == [row for row in decode if row["quantization"] not in skipped] != decode
+    assert {"gqa": 1} in demo_skipped and {"quantization": "none"} in decode_skipped
