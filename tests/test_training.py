@@ -45,10 +45,13 @@ from engine.training.popular import (
 from engine.training.questions import (
     COMPOSED_TEMPLATES,
     FRESH_TEMPLATES,
+    FRESH_WORDS,
     GENERIC_TEMPLATES,
     KIND_TEMPLATES,
+    SCATTER_WORDS,
     name_form,
     phrase,
+    scattered_questions,
     training_questions,
     with_fillers,
 )
@@ -70,7 +73,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def corpus():
-    return build_corpus(limit=100, popular_copies=3)
+    return build_corpus(limit=100, popular_copies=3, scattered_copies=4)
 
 
 @pytest.fixture(scope="module")
@@ -147,11 +150,28 @@ def test_fresh_phrasings_never_appear_in_training(corpus):
     assert not set(FRESH_TEMPLATES) & set(GENERIC_TEMPLATES + KIND_TEMPLATES)
     cases = recall_cases(corpus.popular, 20, POPULAR_MIN_CHARS)
     assert len(cases) == 20
-    training_questions = {chat[0]["content"] for chat in corpus.train_chats + corpus.popular_chats}
-    assert not {question for question, _ in cases} & training_questions
+    training_questions = {chat[0]["content"] for chat in corpus.train_chats + corpus.popular_chats
+                          + corpus.scattered_chats}
+    assert corpus.scattered_chats and not {question for question, _ in cases} & training_questions
     fresh_openings = tuple(template.split("{name}")[0].lower() for template in FRESH_TEMPLATES)
     assert all(fresh_openings)
     assert not [question for question in training_questions if question.lower().startswith(fresh_openings)]
+
+
+def test_scattered_questions_are_the_name_among_training_words_and_never_a_fresh_one(corpus):
+    questions = scattered_questions("method", "pathlib.Path.read_text", 200)
+    assert len(set(questions)) > 190
+    assert {"pathlib.Path.read_text", "`Path.read_text`", "pathlib.Path.read_text()"} <= {
+        word.rstrip("?.!") for question in questions for word in question.split()}
+    stray = [word.rstrip("?.!").lower() for question in questions for word in question.split()
+             if "read_text" not in word]
+    assert {len(q.split()) for q in questions} == set(range(2, 8))
+    assert set(stray) <= {word.lower() for word in SCATTER_WORDS} and not set(stray) & FRESH_WORDS
+    assert {"explain", "what", "is", "does", "please", "quick", "remind"} <= FRESH_WORDS
+    entry = corpus.popular[0]
+    answer = answer_for(entry, POPULAR_MIN_CHARS)
+    assert [chat[1]["content"] for chat in corpus.scattered_chats].count(answer) == 4
+    assert len(corpus.scattered_chats) == 4 * len(corpus.popular)
 
 
 def test_fillers_go_between_words_never_first_and_never_into_the_name():
@@ -254,6 +274,46 @@ def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, m
     [focus] = draft_focus
     assert len(reply_windows) and torch.equal(focus[-len(reply_windows):], reply_windows), \
         "the draft distills on the target's replies"
+
+
+def test_recall_pass_trains_on_popular_and_scattered_chats_and_can_be_added_to_a_kept_target(
+        tmp_path, monkeypatch, one_thread):
+    """A tiny build without a recall pass, then `--add-recall-pass`: only the recall pass trains the kept target,
+    at `--recall-lr`, on the popular and scattered chats with replayed broad windows; a second one is refused."""
+    import engine.training.__main__ as build
+
+    runs, replays = [], []
+    real_train, real_replay = build.train, build.replay_mix
+
+    def recording_train(model, data, settings, **kwargs):
+        runs.append((len(data), settings.lr, "loss_fn" in kwargs))
+        return real_train(model, data, settings, **kwargs)
+
+    def recording_replay(focus, broad, replay_share, seed):
+        replays.append((len(focus), replay_share))
+        return real_replay(focus, broad, replay_share, seed)
+
+    monkeypatch.setattr(build, "train", recording_train)
+    monkeypatch.setattr(build, "replay_mix", recording_replay)
+    tiny = ["--out", str(tmp_path), "--limit", "60", "--popular-copies", "2", "--target-steps", "2",
+            "--draft-steps", "2", "--draft-replies", "0", "--recall-questions", "2"]
+    build.main([*tiny, "--vocab-size", "512", "--recall-steps", "0"])
+    assert [distilled for _, _, distilled in runs] == [False, True], "no recall pass with --recall-steps 0"
+    runs.clear(), replays.clear()
+    build.main([*tiny, "--add-recall-pass", "--recall-steps", "2", "--recall-lr", "3e-4", "--scattered-copies", "0"])
+    build.main([*tiny, "--out", str(tmp_path / "scattered"), "--vocab-size", "512", "--recall-steps", "2",
+                "--recall-lr", "3e-4", "--scattered-copies", "3"])
+    (without, recall_share), _, (with_scattered, _), _ = replays
+    assert recall_share == 0.5 and with_scattered > without, "the recall pass trains on the scattered chats"
+    assert [(lr, distilled) for _, lr, distilled in runs] == [(3e-4, False), (3e-3, True), (2e-3, False),
+                                                            (3e-4, False), (3e-3, True)]
+    assert runs[0][0] == 2 * without, "half of the recall pass's windows are replayed broad ones"
+    record = read_build_record(tmp_path)
+    assert record.target["passes"]["recall"] == 2 and record.target["steps"] == 4
+    assert len(record.commands) == 2 and record.target["commands"] == record.commands
+    assert list(record.seconds) == ["corpus + tokenizer", "target", "target recall pass", "draft", "evaluation"]
+    with pytest.raises(SystemExit, match="already had its recall pass"):
+        build.main([*tiny, "--add-recall-pass"])
 
 
 def test_target_replies_equal_one_prompt_greedy_answers(tokenizer, one_thread):

@@ -1,9 +1,11 @@
 """`python -m engine.training`: corpus -> tokenizer -> target -> distilled draft -> evaluation -> card.
 
 Budgets are step counts, so the result does not depend on how busy the machine is; the build
-records wall and process CPU seconds of each phase. `--reuse-target` keeps an earlier build's
-target and re-distills only the draft; the card then lists both commands and the earlier
-build's target figures (from build.json).
+records wall and process CPU seconds of each phase. The target trains in a broad pass, then a
+short recall pass over the popular chats. `--reuse-target` keeps an earlier build's target and
+re-distills only the draft; `--add-recall-pass` gives an earlier build's target (one trained
+without a recall pass) its recall pass, then re-distills the draft. The card then lists every
+command behind the weights and the earlier build's figures (from build.json).
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="steps of the target's broad pass over every document and chat")
     parser.add_argument("--popular-share", type=float, default=0.6,
                         help="share of the broad pass's windows drawn from the popular chats (repeated to fill it)")
-    parser.add_argument("--recall-steps", type=int, default=0,
-                        help="steps of an optional second pass over the popular chats (plus replayed broad "
-                             "windows); 0 skips it")
-    parser.add_argument("--recall-replay", type=float, default=0.2,
+    parser.add_argument("--recall-steps", type=int, default=300,
+                        help="steps of the target's second pass over the popular and scattered chats (plus "
+                             "replayed broad windows); 0 skips it")
+    parser.add_argument("--recall-replay", type=float, default=0.5,
                         help="share of the recall pass's windows replayed from the broad pass's data")
+    parser.add_argument("--recall-lr", type=float, default=5e-4, help="peak learning rate of the recall pass")
+    parser.add_argument("--scattered-copies", type=int, default=40,
+                        help="chats per popular entry for the recall pass whose question is the name among a few "
+                             "stray words of the training phrasings")
     parser.add_argument("--draft-steps", type=int, default=1000)
     parser.add_argument("--draft-replies", type=int, default=3000,
                         help="questions about trained entries whose greedy target replies the draft also "
@@ -81,9 +87,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "is measured on this build's held-out text before anything is overwritten")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument(
         "--reuse-target", action="store_true",
         help=f"keep the target (and tokenizer) in --out, re-distill only the draft; needs its {BUILD_RECORD}",
+    )
+    kept.add_argument(
+        "--add-recall-pass", action="store_true",
+        help=f"give the target in --out, trained without a recall pass, its recall pass, then re-distill the "
+             f"draft; needs its {BUILD_RECORD}",
     )
     return parser.parse_args(argv)
 
@@ -140,6 +152,23 @@ def reply_questions(corpus, count: int) -> list[str]:
     return [training_questions(e.kind, e.name, 1, "on-policy")[0] for e in evenly_spread(corpus.train_entries, count)]
 
 
+def recall_pass(target, focus: torch.Tensor, broad: torch.Tensor, args: argparse.Namespace) -> TrainReport:
+    """The target's second pass: the popular and scattered chats, `--recall-replay` of it replayed broad windows."""
+    print(f"training the target: recall pass over the popular and scattered chats ({args.recall_steps} steps)")
+    data = replay_mix(focus, broad, args.recall_replay, args.seed + 2)
+    return train(target, data, TrainSettings(steps=args.recall_steps, lr=args.recall_lr, seed=args.seed + 2))
+
+
+def with_recall_pass(target_info: dict, report: TrainReport, args: argparse.Namespace) -> dict:
+    """An earlier build's target row, extended by the recall pass it was just given."""
+    info = dict(target_info)
+    for key in ("steps", "tokens", "seconds", "cpu_seconds"):
+        info[key] += getattr(report, key)
+    info["passes"] = dict(info["passes"], recall=args.recall_steps, recall_replay=args.recall_replay,
+                          recall_lr=args.recall_lr, scattered_copies=args.scattered_copies)
+    return info
+
+
 def load_target(folder: Path, record: BuildResults):
     """The trained target and tokenizer of an earlier build, for re-distilling the draft."""
     target = AutoModelForCausalLM.from_pretrained(folder / "demo-chat", local_files_only=True).eval()
@@ -175,8 +204,11 @@ def main(argv: list[str]) -> None:
     command = "python -m engine.training " + shlex.join(argv)
     clock = Clock()
 
-    corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies, popular_limit=args.popular_entries)
-    previous = read_build_record(args.out) if args.reuse_target else None
+    corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies, popular_limit=args.popular_entries,
+                          scattered_copies=args.scattered_copies)
+    previous = read_build_record(args.out) if args.reuse_target or args.add_recall_pass else None
+    if previous and args.add_recall_pass and previous.target["passes"].get("recall", 0) > 0:
+        raise SystemExit(f"the target in {args.out} already had its recall pass")
     if previous:
         baseline = previous.baseline
     elif args.compare_with and (args.compare_with / "config.json").is_file():
@@ -193,6 +225,11 @@ def main(argv: list[str]) -> None:
     train_stream = token_stream(tokenizer, corpus.train_text, chats)
     chat_data = windows(token_stream(tokenizer, [], chats), SEQ_LEN)
     popular_data = windows(token_stream(tokenizer, [], corpus.popular_chats), SEQ_LEN)
+    recall_data = windows(token_stream(tokenizer, [], corpus.popular_chats + corpus.scattered_chats), SEQ_LEN)
+    popular_share = previous.target["passes"]["popular_share"] if previous else args.popular_share
+    broad_data = windows(train_stream, SEQ_LEN)
+    if popular_share > 0:
+        broad_data = oversampled_mix(popular_data, broad_data, popular_share, args.seed + 4)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     heldout_data = windows(heldout_stream, SEQ_LEN)
     clock.lap("corpus + tokenizer")
@@ -206,26 +243,30 @@ def main(argv: list[str]) -> None:
     print(f"target {target_params / 1e6:.2f}M params, draft {draft_params / 1e6:.2f}M params")
 
     if previous:
-        commands = [previous.commands[0], command]
-        for phase in ("corpus + tokenizer", "target"):
+        target_commands = previous.target.get("commands", previous.commands[:1])
+        for phase in [name for name in previous.seconds if name not in ("draft", "evaluation")]:
             clock.wall[phase], clock.cpu[phase] = previous.seconds[phase], previous.cpu_seconds[phase]
         target_info = previous.target
+        if args.add_recall_pass:
+            target_info = with_recall_pass(target_info, recall_pass(target, recall_data, broad_data, args), args)
+            target_info["size_mb"] = save(target, tokenizer, args.out / "demo-chat")
+            target_commands = [*target_commands, command]
+            clock.lap("target recall pass")
     else:
-        broad_data = windows(train_stream, SEQ_LEN)
-        if args.popular_share > 0:
-            broad_data = oversampled_mix(popular_data, broad_data, args.popular_share, args.seed + 4)
-        print(f"training the target: broad pass over documents and chats ({args.popular_share:.0%} popular)")
+        print(f"training the target: broad pass over documents and chats ({popular_share:.0%} popular)")
         reports = [train(target, broad_data, TrainSettings(steps=args.target_steps, seed=args.seed))]
+        clock.lap("target")
         if args.recall_steps > 0:
-            print("training the target: recall pass over the popular chats")
-            recall_data = replay_mix(popular_data, broad_data, args.recall_replay, args.seed + 2)
-            reports.append(train(target, recall_data, TrainSettings(steps=args.recall_steps, seed=args.seed + 2)))
-        commands = [command]
+            reports.append(recall_pass(target, recall_data, broad_data, args))
+            clock.lap("target recall pass")
+        target_commands = [command]
         target_info = model_facts(target_params, TARGET_SHAPE, combined_report(*reports),
                                   save(target, tokenizer, args.out / "demo-chat"))
-        target_info["passes"] = {"broad": args.target_steps, "popular_share": args.popular_share,
-                                 "recall": args.recall_steps, "recall_replay": args.recall_replay}
-        clock.lap("target")
+        target_info["passes"] = {"broad": args.target_steps, "popular_share": popular_share,
+                                 "recall": args.recall_steps, "recall_replay": args.recall_replay,
+                                 "recall_lr": args.recall_lr, "scattered_copies": args.scattered_copies}
+    target_info["commands"] = target_commands
+    commands = [*target_commands, command] if args.reuse_target else target_commands
 
     draft_focus = popular_data
     if args.draft_replies > 0:
@@ -266,7 +307,7 @@ def main(argv: list[str]) -> None:
             "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
             "popular_entries": len(corpus.popular), "popular_limit": args.popular_entries,
-            "popular_copies": args.popular_copies,
+            "popular_copies": args.popular_copies, "scattered_chats": len(corpus.scattered_chats),
         },
         target=target_info,
         draft=draft_info,

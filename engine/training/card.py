@@ -135,13 +135,21 @@ def training_passes(target: dict) -> str:
         if share > 0 else
         f"The target trains in a broad pass of {passes['broad']} steps over every document and chat."
     )
-    recall = (
-        f" Then a recall pass of {passes['recall']} steps goes over the popular chats, "
-        f"{passes['recall_replay']:.0%} of its windows replayed from the broad data so that what the broad pass "
-        "learned is kept."
-        if passes.get("recall", 0) > 0 else ""
+    if not passes.get("recall", 0):
+        return broad
+    scattered = passes.get("scattered_copies", 0)
+    scattered_chats = (
+        f" and {scattered} more chats per popular entry asked as scattered questions (the name among a few "
+        "words of the training phrasings, none of the fresh phrasings' words), so that the answer keys on the "
+        "name alone"
+        if scattered else ""
     )
-    return broad + recall
+    learning_rate = f" at a peak learning rate of {passes['recall_lr']:g}" if "recall_lr" in passes else ""
+    return (
+        f"{broad} Then a recall pass of {passes['recall']} steps{learning_rate} goes over the popular chats"
+        f"{scattered_chats}, {passes['recall_replay']:.0%} of its windows replayed from the broad data so that "
+        "what the broad pass learned is kept."
+    )
 
 
 def draft_recipe(draft: dict) -> str:

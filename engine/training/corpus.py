@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.training.popular import popular_names, popular_share, popular_topics
-from engine.training.questions import fresh_question, training_questions
+from engine.training.questions import fresh_question, scattered_questions, training_questions
 
 SKIPPED_PACKAGES = {
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
@@ -52,12 +52,15 @@ class Corpus:
     """Plain documents and chat conversations, separately for train and held-out.
 
     `popular` lists the trained entries that got `popular_copies` more chats each, in
-    `popular_chats` (kept apart from `train_chats` so the tokenizer sees them once).
+    `popular_chats` (kept apart from `train_chats` so the tokenizer sees them once), and
+    `scattered_copies` chats each asked as scattered questions, in `scattered_chats` (only
+    the target's recall pass trains on those).
     """
 
     train_text: list[str]
     train_chats: list[list[dict]]
     popular_chats: list[list[dict]]
+    scattered_chats: list[list[dict]]
     heldout_text: list[str]
     heldout_chats: list[list[dict]]
     train_entries: list[DocEntry]
@@ -286,26 +289,30 @@ def answer_for(entry: DocEntry, min_chars: int = MIN_ANSWER_CHARS) -> str:
     return answer if len(answer) >= min_chars else ""
 
 
-def as_chats(entry: DocEntry, count: int, salt: str = "", min_chars: int = MIN_ANSWER_CHARS) -> list[list[dict]]:
-    """`count` differently phrased questions about `entry`, each answered by `answer_for`."""
+def as_chats(
+    entry: DocEntry, count: int, salt: str = "", min_chars: int = MIN_ANSWER_CHARS, asked=training_questions,
+) -> list[list[dict]]:
+    """`count` differently phrased questions about `entry` (from `asked`), each answered by `answer_for`."""
     answer = answer_for(entry, min_chars)
     if not answer:
         return []
     return [
         [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        for question in training_questions(entry.kind, entry.name, count, salt)
+        for question in asked(entry.kind, entry.name, count, salt)
     ]
 
 
 def build_corpus(
     limit: int | None = None, phrasings: int = 2, popular_copies: int = 16, popular_limit: int | None = None,
+    scattered_copies: int = 0,
 ) -> Corpus:
     """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests).
 
     Every entry is a document and `phrasings` chats; a popular entry gets `popular_copies`
     more chats, each phrased anew, so the model never sees one question often enough to
-    key its answer on the wording instead of the name. `popular_limit` keeps about that many
-    popular entries (the leading share of every curated group); the rest train as ordinary entries.
+    key its answer on the wording instead of the name, and `scattered_copies` chats asked as
+    scattered questions. `popular_limit` keeps about that many popular entries (the leading
+    share of every curated group); the rest train as ordinary entries.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     topics = topic_entries()
@@ -325,8 +332,11 @@ def build_corpus(
         texts.append(as_document(entry))
         chats.extend(as_chats(entry, phrasings))
     popular_chats = [chat for e in popular for chat in as_chats(e, popular_copies, "popular", POPULAR_MIN_CHARS)]
+    scattered_chats = [chat for e in popular
+                       for chat in as_chats(e, scattered_copies, "", POPULAR_MIN_CHARS, scattered_questions)]
     return Corpus(
         train_text=parts[False][0], train_chats=parts[False][1], popular_chats=popular_chats,
+        scattered_chats=scattered_chats,
         heldout_text=parts[True][0], heldout_chats=parts[True][1],
         train_entries=[e for e in entries if not held_out[e.name]],
         heldout_entries=[e for e in entries if held_out[e.name]],

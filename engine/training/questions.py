@@ -6,9 +6,11 @@ chat picks a phrasing template and a surface form (backticks or not, `()` after 
 training questions come with a greeting or an aside around them, so the model learns to key
 its answer on the name and ignore the rest. Two more kinds of variety serve the same end:
 requests composed from a lead and a tail (COMPOSED_TEMPLATES), and stray filler words
-dropped between a question's words (`with_fillers`). The card's recall check asks with
-FRESH_TEMPLATES, which no training chat uses, so it measures recall of the entry rather
-than of a memorised question.
+dropped between a question's words (`with_fillers`). The recall pass adds the bluntest kind:
+scattered questions, the name among a few words drawn at random from the training phrasings
+(`scattered_questions`), so that no framing at all is needed to find the entry. The card's
+recall check asks with FRESH_TEMPLATES, which no training chat uses and none of whose words a
+scattered question contains, so it measures recall of the entry rather than of a memorised question.
 """
 
 from __future__ import annotations
@@ -125,6 +127,21 @@ CLOSERS = [" Thanks.", " Thanks!", " Please keep it short.", " In simple words."
            " It came up in a code review.", " I have an exam tomorrow."]
 FRAMING_RATE = 0.3
 CALLABLE_KINDS = ("function", "method")
+END_MARKS = ["", "?", ".", "!"]
+
+
+def words_of(texts: list[str]) -> set[str]:
+    """The words of `texts`, without surrounding punctuation or the `{name}` / `{kind}` slots."""
+    return {w.strip(".?:,!()") for text in texts for w in text.split()} - {"{name}", "{kind}", ""}
+
+
+# What a scattered question is made of: every word of the training phrasings that no fresh template uses.
+FRESH_WORDS = {word.lower() for word in words_of(FRESH_TEMPLATES)}
+SCATTER_WORDS = sorted(
+    word for word in words_of(GENERIC_TEMPLATES + KIND_TEMPLATES + COMPOSED_LEADS + COMPOSED_TAILS + FILLERS
+                              + OPENERS + CLOSERS)
+    if word.lower() not in FRESH_WORDS
+)
 
 
 def training_templates(kind: str) -> list[str]:
@@ -181,6 +198,20 @@ def training_questions(kind: str, name: str, count: int, salt: str = "") -> list
     picked = [rng.choice(templates) for _ in range(count)]
     picked = [with_fillers(t, rng) if rng.random() < FILLER_RATE else t for t in picked]
     return [framed(phrase(template, kind, name, rng), rng) for template in picked]
+
+
+def scattered_questions(kind: str, name: str, count: int, salt: str = "") -> list[str]:
+    """`count` questions that are a surface form of `name` among one to six SCATTER_WORDS in random order."""
+    rng = random.Random(f"scatter:{salt}:{name}")
+    questions = []
+    for _ in range(count):
+        words = [rng.choice(SCATTER_WORDS) for _ in range(rng.randint(1, 6))]
+        words.insert(rng.randint(0, len(words)), name_form(kind, name, rng))
+        question = " ".join(words)
+        if rng.random() < 0.5:
+            question = question[0].upper() + question[1:]
+        questions.append(question + rng.choice(END_MARKS))
+    return questions
 
 
 def fresh_question(kind: str, name: str, index: int) -> str:
