@@ -109,6 +109,8 @@ def save(model, tokenizer, folder: Path) -> float:
         do_sample=False,
     )
     model.save_pretrained(folder)
+    for how_it_was_loaded in ("is_local", "local_files_only"):  # a kept tokenizer would write these into its config
+        tokenizer.init_kwargs.pop(how_it_was_loaded, None)
     tokenizer.save_pretrained(folder)
     return (folder / "model.safetensors").stat().st_size / 1e6
 

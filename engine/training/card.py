@@ -173,6 +173,17 @@ def baseline_note(baseline: dict | None) -> str:
     )
 
 
+def rebuild_note(commands: list[str]) -> str:
+    """Why a card may list more than one command: each later one continued from the weights the one before left."""
+    if len(commands) < 2:
+        return ""
+    return (
+        "\nEach later command continued from the weights the one before it left (`--add-recall-pass` gives a "
+        "target trained without a recall pass that pass, then distills the draft again; `--reuse-target` "
+        "distills only the draft). `make demo-model` runs the program's current recipe in one command.\n"
+    )
+
+
 def render_card(results: BuildResults) -> str:
     corpus = results.corpus
     wall, cpu = sum(results.seconds.values()), sum(results.cpu_seconds.values())
@@ -217,7 +228,7 @@ The targets this build was held to (issue 17), each decided by the figures furth
 ```
 {chr(10).join(results.commands)}
 ```
-
+{rebuild_note(results.commands)}
 Budgets are step counts, so a busy machine changes only the duration. This build took
 **{wall / 60:.1f} min** of wall time and **{cpu / 60:.1f} min** of process CPU time with
 {results.threads} threads (float32); on an idle {results.threads}-core machine that is about
