@@ -453,8 +453,8 @@ def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
     assert read_build_record(tmp_path) == results
     card = (tmp_path / "README.md").read_text()
     assert "python -m engine.training --limit 40" in card and "**0 min** (CPU time / 1)" in card
+    assert "(`assets/models/demo-chat`, 0.0M parameters, its own tokenizer) has perplexity 12.50" in card
     assert "Each later command continued" not in card
     results.commands.append("python -m engine.training --add-recall-pass")
     write_card(tmp_path / "README.md", results)
     assert "Each later command continued" in (tmp_path / "README.md").read_text()
-    assert "(`assets/models/demo-chat`, 0.0M parameters, its own tokenizer) has perplexity 12.50" in card
