@@ -9,19 +9,14 @@ host (is CUDA there, is flash-attn importable); checks that need the model's own
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from engine.errors import ConfigError
+from engine.host import cpu_cores, cuda_available, flash_attn_available, resolve_device
+from engine.hub import curated_draft
 from engine.quant.levels import LEVELS as QUANT_LEVELS
-
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
-MODELS_FILE = "models.toml"
 
 CHOICES: dict[str, list[str]] = {
     "backend": ["auto", "native", "hf"],
@@ -35,28 +30,6 @@ CHOICES: dict[str, list[str]] = {
 }
 
 MAX_SPECULATIVE_TOKENS = 16
-
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-def flash_attn_available() -> bool:
-    return cuda_available() and importlib.util.find_spec("flash_attn") is not None
-
-
-def resolve_device(device: str) -> str:
-    """`auto` means the GPU when there is one."""
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    return device
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def tensor_parallel_reason(size, device: str = "auto", num_heads: int | None = None,
@@ -143,9 +116,12 @@ def choice_note(field_name: str, value, device: str = "auto") -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
-    """Every knob of the engine. Construct freely; `validate()` (or `from_dict`) checks it."""
+    """Every knob of the engine, validated when constructed: a configuration that exists is a valid one.
+
+    Frozen, so it can key a pool of engines and travel between threads without being changed on the way.
+    """
 
     model: str = "demo"
     backend: str = "auto"
@@ -171,6 +147,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     cpu_kernels: bool = True
 
+    def __post_init__(self):
+        self.validate()
+
     @classmethod
     def from_dict(cls, values: dict) -> EngineConfig:
         known = {f.name for f in dataclasses.fields(cls)}
@@ -178,18 +157,18 @@ class EngineConfig:
         if unknown:
             raise ConfigError(f"unknown config field(s): {', '.join(unknown)}; "
                               f"known fields: {', '.join(sorted(known))}")
-        config = cls(**values)
-        config.validate()
-        return config
+        return cls(**values)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def replace(self, **changes) -> EngineConfig:
+        """This configuration with `changes`, validated (unknown fields refused)."""
         return EngineConfig.from_dict({**self.to_dict(), **changes})
 
     def validate(self) -> EngineConfig:
-        """Raise ConfigError with one clear message for the first bad value or combination."""
+        """Raise ConfigError with one clear message for the first bad value or combination (construction calls it;
+        a host that changed since, e.g. kernels built meanwhile, is checked again)."""
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
@@ -234,9 +213,7 @@ class EngineConfig:
             raise ConfigError("draft_model must be a preset name, a local folder or a hub id (or unset for the "
                               "model's curated draft)")
         if self.speculative == "draft" and not self.draft_model:
-            from engine.spec.draft import resolve_draft_name
-
-            resolve_draft_name(self)
+            curated_draft(self.model)
         if self.tensor_parallel_size > 1 and self.backend == "hf":
             raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
                               "process (use backend='native' or 'auto')")
@@ -255,26 +232,3 @@ class EngineConfig:
     def resolved_device(self) -> str:
         return resolve_device(self.device)
 
-
-def list_presets() -> list[str]:
-    """Names of the optimization presets in presets/ (models.toml is the model list, not a preset)."""
-    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml") if p.name != MODELS_FILE)
-
-
-def load_preset(name_or_path: str) -> dict:
-    """Read a preset TOML (by name in presets/ or by path) into a dict of EngineConfig fields."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = PRESETS_DIR / f"{name_or_path}.toml"
-    if not path.is_file():
-        raise ConfigError(f"no preset {name_or_path!r}; available presets: {', '.join(list_presets())}")
-    with path.open("rb") as handle:
-        data = tomllib.load(handle)
-    data.pop("description", None)
-    return data
-
-
-def preset_description(name: str) -> str:
-    path = PRESETS_DIR / f"{name}.toml"
-    with path.open("rb") as handle:
-        return tomllib.load(handle).get("description", "")

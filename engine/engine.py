@@ -1,7 +1,9 @@
 """`Engine`: the public API. Callers on any thread submit requests; one loop thread batches them all.
 
-The engine turns prompts (text, token ids or chat messages) into token ids, validates them
-against the context length, and hands them to a backend (`engine/backends/`): the native one
+Loading first makes the configuration's plan (`engine/plan.py`: every `auto` made concrete against
+the checkpoint and this host), then builds the backend the plan chose (`engine/backends/`). The
+engine turns prompts (text, token ids or chat messages) into token ids, validates them against the
+context length, and hands them to that backend: the native one
 (our model, scheduler and paged KV cache) or the `transformers` baseline. Both implement one
 contract and are stepped by the same loop here, so requests, streaming, cancellation and
 metrics behave the same on either. A failure while building the engine releases everything it
@@ -14,7 +16,6 @@ thread, one per turn between serving steps, so requests keep being served meanwh
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -25,7 +26,7 @@ from concurrent.futures import Future
 
 import torch
 
-from engine.backends.base import Backend, StepRecord
+from engine.backends.base import Backend
 from engine.config import EngineConfig
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.metrics import describe_device
@@ -41,9 +42,9 @@ from engine.core.perplexity import (
 from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
 from engine.core.threads import run_on_passing_thread, start_helper_thread
 from engine.errors import ModelLoadError, RequestError
-from engine.hub import eos_token_ids, load_hf_config, load_tokenizer, resolve_model_path
-from engine.model.spec import NATIVE_ARCHITECTURES
-from engine.quant.checkpoint import prequantized_method
+from engine.hub import eos_token_ids, load_tokenizer
+from engine.info import EngineInfo, EngineStats, StepRecord
+from engine.plan import EnginePlan, plan_engine
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 
@@ -85,14 +86,15 @@ def _check_messages(messages: list[dict]) -> None:
         _check_text(content, f"chat message {index}")
 
 
-def _make_backend(config: EngineConfig, path, hf_config) -> Backend:
-    if config.backend == "native":
+def make_backend(plan: EnginePlan) -> Backend:
+    """The backend the plan chose, loaded (weights, KV pool, worker processes)."""
+    if plan.backend == "native":
         from engine.backends.native import NativeBackend
 
-        return NativeBackend(config, path, hf_config)
+        return NativeBackend(plan)
     from engine.backends.hf import HFBackend
 
-    return HFBackend(config, path, hf_config)
+    return HFBackend(plan)
 
 
 class Engine:
@@ -100,40 +102,18 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, **overrides):
         config = config or EngineConfig()
-        config = config.replace(**overrides) if overrides else config.validate()
         started = time.perf_counter()
-        notices: list[str] = []
-        path = resolve_model_path(config.model)
-        hf_config = load_hf_config(path)
-        self.tokenizer = load_tokenizer(path)
+        self.plan = plan_engine(config.replace(**overrides) if overrides else config)
+        self.config = self.plan.config
+        self.tokenizer = load_tokenizer(self.plan.path)
+        notices = list(self.plan.notices)
         if self.tokenizer is None:
-            notices.append("this model folder has no tokenizer: only token-id prompts work")
-        architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
-        prequantized = prequantized_method(hf_config)
-        if architecture not in NATIVE_ARCHITECTURES:
-            not_native = f"architecture {architecture} is not covered by the native engine"
-        elif prequantized:
-            not_native = f"this checkpoint is pre-quantized ({prequantized}), which the native engine does not load"
-        else:
-            not_native = None
-        if config.backend == "native" and not_native:
-            raise ModelLoadError(f"{not_native} (it runs full-precision {', '.join(NATIVE_ARCHITECTURES)} "
-                                 "checkpoints); use backend='hf'")
-        if config.tensor_parallel_size > 1 and not_native:
-            raise ModelLoadError(f"{not_native}, and tensor parallelism shards the native engine's model")
-        if config.backend == "auto" and not_native and config.speculative != "off":
-            raise ModelLoadError(f"{not_native}, and speculative decoding runs in the native engine: set "
-                                 "speculative='off' to serve it through transformers")
-        if config.backend == "auto":
-            config = dataclasses.replace(config, backend="hf" if not_native else "native").validate()
-            if not_native:
-                notices.append(f"{not_native}: served by transformers")
-        self._backend: Backend | None = run_on_passing_thread(lambda: _make_backend(config, path, hf_config),
-                                                              "engine-load", lambda backend: backend.close())
-        backend_info = self._backend.info
-        self.config = dataclasses.replace(config, max_model_len=backend_info.max_model_len)
-        self.eos_token_ids = eos_token_ids(path, hf_config, self.tokenizer)
-        self._seeds = torch.Generator().manual_seed(config.seed)
+            notices.insert(0, "this model folder has no tokenizer: only token-id prompts work")
+        plan = self.plan
+        self._backend: Backend | None = run_on_passing_thread(lambda: make_backend(plan), "engine-load",
+                                                              lambda backend: backend.close())
+        self.eos_token_ids = eos_token_ids(plan.path, plan.hf_config, self.tokenizer)
+        self._seeds = torch.Generator().manual_seed(self.config.seed)
         self._history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self._wakeup = threading.Condition()
         self._inbox: list[Request] = []
@@ -150,11 +130,15 @@ class Engine:
         except BaseException:
             self.close()
             raise
-        self.info = {
-            "model": config.model, "path": str(path), "architecture": architecture,
-            **dataclasses.asdict(backend_info), "device_name": describe_device(),
-            "load_seconds": time.perf_counter() - started, "notices": notices + list(backend_info.notices),
-        }
+        self.info = EngineInfo(
+            model=self.config.model, path=str(plan.path), architecture=plan.architecture, backend=plan.backend,
+            device=plan.device, device_name=describe_device(), dtype=plan.dtype_name, attention=plan.attention,
+            quantization=self.config.quantization, max_model_len=plan.max_model_len, vocab_size=plan.vocab_size,
+            num_params=self._backend.num_params, num_kv_heads=plan.num_kv_heads,
+            kv_bytes_per_token=plan.kv_bytes_per_token, cuda_graphs=plan.cuda_graphs, cpu_kernels=plan.cpu_kernels,
+            tensor_parallel_size=self.config.tensor_parallel_size,
+            draft_model=plan.draft.name if plan.draft else None, draft_num_params=self._backend.draft_num_params,
+            load_seconds=time.perf_counter() - started, notices=tuple(notices))
 
     def _warm_up(self) -> None:
         """Run the smallest request through the whole path, so a broken setup fails here, not on a user."""
@@ -178,7 +162,9 @@ class Engine:
         else:
             raise RequestError("a prompt must be a string, a list of token ids or a list of chat messages "
                                f"(role/content dicts), got {type(prompt).__name__}")
-        vocab = self._backend_info().vocab_size
+        if self._backend is None:
+            raise RequestError("the engine is closed")
+        vocab = self.plan.vocab_size
         if not ids:
             raise RequestError("the prompt is empty")
         if any(t < 0 or t >= vocab for t in ids):
@@ -202,11 +188,6 @@ class Engine:
         except Exception as error:  # the model's template refuses these messages (e.g. roles out of order)
             raise RequestError(f"the model's chat template cannot render these messages: {error}") from None
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def _backend_info(self):
-        if self._backend is None:
-            raise RequestError("the engine is closed")
-        return self._backend.info
 
     def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
         ids = self.encode(prompt)
@@ -259,16 +240,11 @@ class Engine:
             if not handle.done:
                 handle.cancel()
 
-    def stats(self) -> dict:
-        """Engine-level figures (DESIGN.md); after `close()`, zeros with `closed` true."""
+    def stats(self) -> EngineStats:
+        """Engine-level figures (docs/metrics.md); after `close()`, zeros with `closed` set."""
         with self._wakeup:
             backend = None if self._closed else self._backend
-            stats = dataclasses.asdict(backend.stats()) if backend is not None else None
-        if stats is None:
-            return {"closed": True, "weights_bytes": 0, "kv_cache_bytes": 0, "kv_cache_used_bytes": 0,
-                    "kv_blocks_total": 0, "kv_blocks_free": 0, "num_running": 0, "num_waiting": 0,
-                    "prefix_cache_hit_rate": 0.0, "spec_acceptance_rate": 0.0, "peak_memory_bytes": 0}
-        return {"closed": False, **stats}
+            return backend.stats() if backend is not None else EngineStats(closed=True)
 
     def decode_profile(self, since: float = 0.0) -> DecodeProfile | None:
         """Where the decode steps finished after `since` (a `time.perf_counter()` value) spent their time,

@@ -13,8 +13,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import MODELS_FILE, PRESETS_DIR
-from engine.errors import ModelLoadError
+from engine.errors import ConfigError, ModelLoadError
+from engine.presets import MODELS_FILE, PRESETS_DIR
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -50,6 +50,19 @@ def list_models() -> dict[str, ModelEntry]:
     return {name: ModelEntry(name=name, **{k: tuple(v) if isinstance(v, list) else v
                                            for k, v in entry.items() if k in fields})
             for name, entry in table.items()}
+
+
+def curated_draft(model: str, draft_model: str | None = None) -> str:
+    """The draft `draft_model` names, else the one presets/models.toml pairs with `model` (named by its curated
+    name or by its source); one clear error when there is neither."""
+    if draft_model:
+        return draft_model
+    models = list_models()
+    entry = models.get(model) or next((e for e in models.values() if e.source == model), None)
+    if entry is None or not entry.draft:
+        raise ConfigError(f"speculative='draft' needs draft_model: {model!r} has no curated draft in "
+                          "presets/models.toml; name a smaller model with the same tokenizer")
+    return entry.draft
 
 
 def resolve_model_path(model: str) -> Path:

@@ -2,12 +2,13 @@
 
 Why: a server that shares one process between many visitors must refuse a load that would not fit
 its memory budget before the load allocates (and zero-fills) gigabytes, not evict or crash after.
-The native model is built on the meta device (no storage) with the configuration's quantization
-and GQA conversion, and each quantized layer says what its library will allocate (packed weights
-plus scales); the KV pool is sized by the same rule, and the same converted head count, the native
-engine uses. Other architectures and the hf backend are counted from transformers' own model on
-the meta device, each linear layer transformers quantizes (all but the LM head) at its level's size;
-a pre-quantized checkpoint (GPTQ, AWQ) by its safetensors files, which hold its packed tensors.
+Everything is counted from the configuration's plan (`engine/plan.py`), the one the engine would
+load with: the native model is built on the meta device (no storage) in the plan's shapes (after
+GQA conversion) at its quantization, each quantized layer saying what its library will allocate
+(packed weights plus scales), and the KV pool has the plan's blocks. Other architectures and the hf
+backend are counted from transformers' own model on the meta device, each linear layer transformers
+quantizes (all but the LM head) at its level's size; a pre-quantized checkpoint (GPTQ, AWQ) by its
+safetensors files, which hold its packed tensors.
 A speculative draft model adds its (full-precision) weights, and its KV pool shares the KV budget.
 With tensor parallelism each rank's shard is built and counted (replicated norms and KV heads, the
 vocabulary padded to an even split), and the KV pool's blocks cover every rank's heads.
@@ -21,7 +22,14 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.hub import load_hf_config, resolve_model_path
+from engine.model.parallel import ParallelContext
+from engine.model.weights import safetensors_files
+from engine.plan import EnginePlan, plan_engine
+from engine.quant.checkpoint import prequantized_method
+from engine.quant.levels import LEVELS
+from engine.quant.storage import planned_weight_bytes
+from engine.runner.build import meta_model, rank_kv_spec
+from engine.runner.kv_cache import bytes_per_block
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,6 @@ def _meta_hf_model(hf_config) -> nn.Module:
 
 def hf_weights_bytes(hf_config, dtype: torch.dtype, quantization: str, device: str) -> int:
     """Weights of the transformers model at `dtype`, its linear layers but the LM head at `quantization`."""
-    from engine.quant.levels import LEVELS
-
     model = _meta_hf_model(hf_config)
     element = torch.empty((), dtype=dtype).element_size()
     level = LEVELS.get(quantization)
@@ -67,65 +73,24 @@ def hf_weights_bytes(hf_config, dtype: torch.dtype, quantization: str, device: s
     return total + rest + sum(b.numel() * b.element_size() for b in model.buffers())  # RoPE frequencies
 
 
-def native_meta_model(spec, dtype: torch.dtype, quantization: str, device: str, parallel=None) -> nn.Module:
-    """The native model built from `spec` on the meta device (one rank's shard with `parallel`): shapes, no storage."""
-    from engine.model.linear import BuildContext
-    from engine.model.llama import LlamaForCausalLM
-    from engine.model.parallel import SINGLE_PROCESS
-    from engine.quant.methods import linear_method_factory
-
-    build = BuildContext(dtype, "meta", parallel or SINGLE_PROCESS,
-                         linear_method=linear_method_factory(quantization, device, dtype))
-    no_rope = torch.empty(0)
-    return LlamaForCausalLM(spec, None, build, no_rope, no_rope)
-
-
-def native_weights_bytes(spec, dtype: torch.dtype, quantization: str, device: str, parallel=None) -> int:
-    """Weights of the native model built from `spec` (one rank's shard with `parallel`), linear layers at
-    `quantization`."""
-    from engine.quant.storage import planned_weight_bytes
-
-    return planned_weight_bytes(native_meta_model(spec, dtype, quantization, device, parallel))
-
-
-def estimate_memory(config: EngineConfig) -> MemoryEstimate:
-    """Weights and KV bytes of `config` (validated), without loading the weights."""
-    from engine.backends.base import resolve_dtype
-    from engine.backends.native import resolve_kv_blocks, resolve_max_model_len
-    from engine.model.parallel import ParallelContext
-    from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
-    from engine.model.weights import safetensors_files
-    from engine.quant.checkpoint import prequantized_method
-    from engine.quant.gqa import convert_spec
-    from engine.runner.build import kv_block_bytes, rank_kv_spec
-    from engine.runner.kv_cache import bytes_per_block
-
-    config = config.validate()
-    path = resolve_model_path(config.model)
-    hf_config = load_hf_config(path)
-    device = config.resolved_device
-    dtype = resolve_dtype(config, hf_config, device)
-    architecture = (getattr(hf_config, "architectures", None) or [""])[0]
-    if prequantized_method(hf_config):
-        return MemoryEstimate(sum(file.stat().st_size for file in safetensors_files(path)), config.kv_cache_bytes or 0)
-    if config.backend == "hf" or architecture not in NATIVE_ARCHITECTURES:
-        weights = hf_weights_bytes(hf_config, dtype, config.quantization, device)
+def estimate_memory(config: EngineConfig | EnginePlan) -> MemoryEstimate:
+    """Weights and KV bytes of a configuration (or of its plan), without loading the weights."""
+    plan = config if isinstance(config, EnginePlan) else plan_engine(config)
+    config = plan.config
+    if prequantized_method(plan.hf_config):
+        return MemoryEstimate(sum(file.stat().st_size for file in safetensors_files(plan.path)), 0)
+    if plan.backend == "hf":
+        weights = hf_weights_bytes(plan.hf_config, plan.dtype, config.quantization, plan.device)
         return MemoryEstimate(weights, config.kv_cache_bytes or 0)
-    spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
     size = config.tensor_parallel_size
-    rank_weights = tuple(native_weights_bytes(spec, dtype, config.quantization, device, ParallelContext(rank, size))
+    rank_weights = tuple(planned_weight_bytes(meta_model(plan.spec, plan.dtype, config.quantization, plan.device,
+                                                         ParallelContext(rank, size)))
                          for rank in range(size))
     weights = sum(rank_weights)
-    draft_specs = []
-    if config.speculative == "draft":
-        from engine.spec.draft import resolve_draft_name
-
-        draft_specs.append(ModelSpec.from_hf_config(load_hf_config(resolve_model_path(resolve_draft_name(config)))))
-        weights += native_weights_bytes(draft_specs[0], dtype, "none", device)
-    max_model_len = resolve_max_model_len(config, spec, *draft_specs)
-    block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
-    blocks = resolve_kv_blocks(config, spec, block_size, max_model_len, dtype, device, *draft_specs)
-    rank_kv = (blocks * bytes_per_block(rank_kv_spec(spec, size), block_size, dtype),) * size
-    draft_kv = sum(blocks * bytes_per_block(s, block_size, dtype) for s in draft_specs)
-    return MemoryEstimate(weights, sum(rank_kv) + draft_kv, kv_block_bytes(spec, 1, dtype, size), blocks,
+    draft_kv = 0
+    if plan.draft:
+        weights += planned_weight_bytes(meta_model(plan.draft.spec, plan.dtype, "none", plan.device))
+        draft_kv = plan.num_kv_blocks * bytes_per_block(plan.draft.spec, plan.block_size, plan.dtype)
+    rank_kv = (plan.num_kv_blocks * bytes_per_block(rank_kv_spec(plan.spec, size), plan.block_size, plan.dtype),) * size
+    return MemoryEstimate(weights, sum(rank_kv) + draft_kv, plan.kv_bytes_per_token, plan.num_kv_blocks,
                           rank_weights, rank_kv)

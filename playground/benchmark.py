@@ -31,7 +31,7 @@ from engine import (
     resolve_dataset,
 )
 from playground.errors import Refused, describe_error
-from playground.figures import config_tag
+from playground.figures import config_summary, config_tag
 from playground.form import parse_int
 from playground.measurement import MeasurementJob
 from playground.run_charts import PALETTE, Timeline
@@ -170,10 +170,10 @@ class BenchmarkHandlers:
         settings = self.settings
 
         def build(engine) -> list[BenchRequest]:
-            max_model_len = engine.info.get("max_model_len") or engine.config.max_model_len
+            max_model_len = engine.info.max_model_len
             try:
                 spec = replace(request.spec, dataset=resolve_dataset(request.spec.dataset, engine.config.model))
-                workload = build_workload(spec, engine.info["vocab_size"])
+                workload = build_workload(spec, engine.info.vocab_size)
                 encoded = [BenchRequest(engine.encode(r.prompt), r.max_tokens, r.arrival) for r in workload]
             except EngineError as error:
                 raise Refused(describe_error(error, settings.public)) from None
@@ -224,8 +224,8 @@ class BenchmarkHandlers:
         label = (f"{config_tag(run.config, run.info)} · {dataset} ×{spec.num_prompts} · concurrency "
                  f"{request.concurrency}" + ("" if math.isinf(spec.request_rate) else f" · {spec.request_rate:g}/s")
                  + (" · cancelled" if run.result["cancelled_requests"] else ""))
-        record = BenchmarkRecord(number=state.next_number, label=label, report=report, started=run.started,
-                                 steps=run.steps)
+        record = BenchmarkRecord(number=state.next_number, label=label, summary=config_summary(run.config, run.info),
+                                 report=report, started=run.started, steps=run.steps)
         state.next_number += 1
         state.runs = (state.runs + [record])[-MAX_KEPT_RUNS:]
         return record

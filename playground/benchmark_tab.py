@@ -74,7 +74,7 @@ class BenchmarkTab:
         status = (f"run {record.number} cancelled: {report['completed']} of {report['num_prompts']} requests "
                   "finished, the figures cover those" if cancelled else
                   f"run {record.number} done: {report['completed']} requests in {report['duration']:.2f} s on "
-                  f"{config_summary(report['config'], report)}")
+                  f"{record.summary}")
         if report["prefix_cache_hit_rate"] and request.spec.dataset == "random" and not request.spec.prefix_len:
             status += (" · its random prompts hit the prefix cache: an earlier run with this seed left them there "
                        "(another seed gives cold prompts)")

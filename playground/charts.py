@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from engine import StepRecord
+from engine import EngineStats, StepRecord
 from playground.figures import format_bytes
 
 WINDOW_S = 60.0
@@ -160,10 +160,9 @@ def speculative_label(steps: list[StepRecord]) -> str:
     return f"{SPECULATIVE.title} · {per_step:.2f} tokens per verification step (last {WINDOW_S:.0f} s)"
 
 
-def kv_sample(stats: dict, now: float) -> dict:
+def kv_sample(stats: EngineStats, now: float) -> dict:
     """One point of the KV block chart, taken from engine stats."""
-    total = stats.get("kv_blocks_total") or 0
-    return {"time": now, "used": total - (stats.get("kv_blocks_free") or 0), "total": total}
+    return {"time": now, "used": stats.kv_blocks_used, "total": stats.kv_blocks_total}
 
 
 def kv_blocks_frame(samples: list[dict], now: float) -> pd.DataFrame:
@@ -222,18 +221,15 @@ def ttft_html(turns: list[dict]) -> str:
     return f'<div class="hchart" id="ttft-chart">{head}{"".join(body)}</div>'
 
 
-def memory_html(stats: dict | None, process_rss: int | None, config_label: str) -> str:
+def memory_html(stats: EngineStats | None, process_rss: int | None, config_label: str) -> str:
     """This engine's memory on one linear scale (weights, KV allocated; KV in use as a share of the
     allocation, so a few blocks stay visible), then the whole process's figures apart."""
     title = '<div class="hchart-title">Memory · this engine</div>'
-    if not stats:
+    if stats is None or stats.closed:
         return f'<div class="hchart" id="memory-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
-    weights = stats.get("weights_bytes") or 0
-    allocated = stats.get("kv_cache_bytes") or 0
-    used = stats.get("kv_cache_used_bytes") or 0
+    weights, allocated, used = stats.weights_bytes, stats.kv_cache_bytes, stats.kv_cache_used_bytes
     scale = max(weights, allocated, 1)
     share = used / allocated if allocated else 0.0
-    note = stats.get("kv_cache_note")
     rows = [
         ("weights", _bar(weights / scale, "weights"), format_bytes(weights)),
         ("KV allocated", _bar(allocated / scale, "kv"), format_bytes(allocated)),
@@ -242,11 +238,10 @@ def memory_html(stats: dict | None, process_rss: int | None, config_label: str) 
     ]
     body = "".join(f'<div class="hrow mem"><div class="hlabel">{name}</div><div class="htrack">{bar}</div>'
                    f'<div class="hvalue">{value}</div></div>' for name, bar, value in rows)
-    blocks = (f'{stats.get("kv_blocks_total", 0) - stats.get("kv_blocks_free", 0)} of '
-              f'{stats.get("kv_blocks_total", 0)} blocks in use') if stats.get("kv_blocks_total") else ""
-    process = (f'process (every engine in the pool + the app): peak {format_bytes(stats.get("peak_memory_bytes"))}'
+    blocks = (f'{stats.kv_blocks_used} of {stats.kv_blocks_total} blocks in use') if stats.kv_blocks_total else ""
+    process = (f'process (every engine in the pool + the app): peak {format_bytes(stats.peak_memory_bytes)}'
                + (f' · now {format_bytes(process_rss)} resident' if process_rss else ""))
     footer = (f'<div class="hchart-note">{html.escape(config_label)}{" · " + blocks if blocks else ""}'
-              f'{" · " + html.escape(note) if note else ""}<br>{html.escape(process)}<br>'
+              f'<br>{html.escape(process)}<br>'
               'activation peak: not reported per engine (it is inside the process peak)</div>')
     return f'<div class="hchart" id="memory-chart">{title}{body}{footer}</div>'

@@ -170,7 +170,7 @@ class ChatHandlers:
         if tokenizer is None:
             raise Refused("this model has no tokenizer, so it cannot chat (its engine still serves token-id "
                           "prompts through the API)")
-        max_model_len = engine.info.get("max_model_len") or engine.config.max_model_len
+        max_model_len = engine.info.max_model_len
         return fit_prompt(engine.encode, bool(getattr(tokenizer, "chat_template", None)),
                           conversation.system_prompt, conversation.history_pairs(before=index),
                           conversation.exchanges[index].user, max_model_len, max_tokens,

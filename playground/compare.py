@@ -206,7 +206,7 @@ class CompareHandlers:
             tokenizer = engine.tokenizer
             if tokenizer is None:
                 raise Refused("this model has no tokenizer, so it cannot answer text prompts")
-            max_model_len = engine.info.get("max_model_len") or engine.config.max_model_len
+            max_model_len = engine.info.max_model_len
             has_template = bool(getattr(tokenizer, "chat_template", None))
             ids = [fit_prompt(engine.encode, has_template, "", [], prompt, max_model_len, request.sampling.max_tokens,
                               settings.max_prompt_tokens).token_ids for prompt in request.prompts]

@@ -14,7 +14,7 @@ import functools
 import html
 import json
 
-from engine import EngineConfig, PerplexityResult, estimate_memory
+from engine import EngineConfig, EngineInfo, EngineStats, PerplexityResult, estimate_memory
 from playground.figures import format_bytes
 
 
@@ -49,25 +49,24 @@ def quality_row(perplexity: PerplexityResult | None, status: str | None = None) 
                 "through this engine's own forward pass: quantization and GQA damage show here (lower is better)")
 
 
-def weights_row(config: dict, stats: dict, info: dict, unquantized: int | None) -> str:
+def weights_row(stats: EngineStats, info: EngineInfo, unquantized: int | None) -> str:
     """The weights' real bytes and, when quantized, the same model's bytes without quantization."""
-    weights = stats.get("weights_bytes") or 0
-    level = info.get("quantization") or config.get("quantization", "none")
+    weights, level = stats.weights_bytes, info.quantization
     if level == "none":
-        return _row("weights", f"{format_bytes(weights)} in {info.get('dtype', config.get('dtype'))} (not quantized)")
+        return _row("weights", f"{format_bytes(weights)} in {info.dtype} (not quantized)")
     before = (f"{format_bytes(unquantized)} before quantization → {format_bytes(weights)} as {level} "
               f"({weights / unquantized:.2f}x)") if unquantized else f"{format_bytes(weights)} as {level}"
     return _row("weights", before, "real storage of the quantized weights (packed values and scales), against the "
                 "same configuration's weights without quantization (estimated before loading)")
 
 
-def speculative_rows(stats: dict) -> list[str]:
+def speculative_rows(stats: EngineStats) -> list[str]:
     """Acceptance since the engine loaded: overall, tokens per verification step, and by proposal position."""
-    drafts, proposed = stats.get("spec_num_drafts") or 0, stats.get("spec_num_draft_tokens") or 0
+    drafts, proposed = stats.spec_num_drafts, stats.spec_num_draft_tokens
     if not drafts:
         return [_row("speculative", "no proposals verified yet")]
-    accepted = stats.get("spec_num_accepted_tokens") or 0
-    positions = " / ".join(f"{count / drafts:.0%}" for count in stats.get("spec_accepted_per_position") or [])
+    accepted = stats.spec_num_accepted_tokens
+    positions = " / ".join(f"{count / drafts:.0%}" for count in stats.spec_accepted_per_position)
     return [_row("spec acceptance", f"{accepted / proposed:.0%} ({accepted:,} of {proposed:,} proposed) · "
                  f"{1 + accepted / drafts:.2f} tokens per verification step",
                  "accepted / proposed speculative tokens since the engine loaded (all sessions), and the tokens "
@@ -75,30 +74,29 @@ def speculative_rows(stats: dict) -> list[str]:
             _row("accepted by position", positions, "how often the 1st, 2nd, ... proposal of a step was accepted")]
 
 
-def tensor_parallel_rows(stats: dict) -> list[str]:
+def tensor_parallel_rows(stats: EngineStats) -> list[str]:
     """Rank 0's share of step time in collectives, then each rank's bytes and time in collectives."""
-    executor = stats.get("executor_seconds") or 0.0
-    rows = [_row("TP communication", f"{stats.get('collective_share', 0.0):.0%} of step time in all-reduce / "
-                 f"all-gather on rank 0 ({stats.get('collective_seconds', 0.0):.2f} of {executor:.2f} s)",
+    executor = stats.executor_seconds
+    rows = [_row("TP communication", f"{stats.collective_share:.0%} of step time in all-reduce / "
+                 f"all-gather on rank 0 ({stats.collective_seconds:.2f} of {executor:.2f} s)",
                  "time inside collectives, waiting for the slower rank included")]
-    for rank, (weights, kv, seconds) in enumerate(zip(stats.get("rank_weights_bytes") or [],
-                                                      stats.get("rank_kv_cache_bytes") or [],
-                                                      stats.get("rank_collective_seconds") or [], strict=False)):
+    for rank, (weights, kv, seconds) in enumerate(zip(stats.rank_weights_bytes, stats.rank_kv_cache_bytes,
+                                                      stats.rank_collective_seconds, strict=True)):
         share = f"{seconds / executor:.0%}" if executor else "n/a"
         rows.append(_row(f"rank {rank}", f"weights {format_bytes(weights)} · KV {format_bytes(kv)} · "
                                          f"collectives {seconds:.2f} s ({share})"))
     return rows
 
 
-def features_html(config: dict | None, stats: dict | None, info: dict | None, perplexity: PerplexityResult | None,
-                  unquantized: int | None, status: str | None = None) -> str:
+def features_html(config: dict | None, stats: EngineStats | None, info: EngineInfo | None,
+                  perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None) -> str:
     """The panel: quality and weights always; speculative and tensor-parallel figures when those are on."""
     title = '<div class="hchart-title">Quality and optimizations · this engine</div>'
-    if not stats or not info or config is None:
+    if stats is None or stats.closed or info is None or config is None:
         return f'<div class="hchart" id="features-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
-    rows = [quality_row(perplexity, status), weights_row(config, stats, info, unquantized)]
-    if config.get("speculative", "off") != "off":
+    rows = [quality_row(perplexity, status), weights_row(stats, info, unquantized)]
+    if config["speculative"] != "off":
         rows += speculative_rows(stats)
-    if (stats.get("tensor_parallel_size") or 1) > 1:
+    if stats.tensor_parallel_size > 1:
         rows += tensor_parallel_rows(stats)
     return f'<div class="hchart" id="features-chart">{title}{"".join(rows)}</div>'

@@ -15,6 +15,8 @@ import html
 from pathlib import Path
 from typing import Any
 
+from engine import EngineInfo
+
 FIGURE_TITLES = {
     "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
                    "output token",
@@ -125,18 +127,17 @@ def _kv_summary(config: dict, backend: str) -> str:
     return f"paged KV/{config['block_size']}" + (" + prefix cache" if config["prefix_caching"] else "")
 
 
-def config_summary(config: dict, info: dict | None = None) -> str:
+def config_summary(config: dict, info: EngineInfo | None = None) -> str:
     """The configuration in one line: backend, precision, attention, KV cache, batching and the rest.
 
     `info` (the loaded engine's) replaces `auto` choices by what they resolved to.
     """
-    info = info or {}
-    backend = info.get("backend") or config["backend"]
+    backend = info.backend if info else config["backend"]
     parts = [model_label(config["model"]), f"{backend} backend" if backend != "hf" else "hf backend (transformers)",
-             info.get("dtype") or config["dtype"]]
+             info.dtype if info else config["dtype"]]
     if config["quantization"] != "none":
         parts.append(config["quantization"])
-    attention = info.get("attention") or config["attention"]
+    attention = info.attention if info else config["attention"]
     parts.append(f"attention {attention}")
     parts.append(_kv_summary(config, backend))
     if config.get("kv_cache_bytes") and not (backend == "hf" and config["batching"] == "static"):
@@ -145,7 +146,7 @@ def config_summary(config: dict, info: dict | None = None) -> str:
     if backend == "hf":
         batching = "generate_batch continuous" if batching == "continuous" else "generate static"
     parts.append(f"{batching} ×{config['max_num_seqs']}")
-    context = info.get("max_model_len") or config.get("max_model_len")
+    context = info.max_model_len if info else config["max_model_len"]
     if context:
         parts.append(f"context {context}")
     if config["speculative"] != "off":
@@ -158,10 +159,9 @@ def config_summary(config: dict, info: dict | None = None) -> str:
     return " · ".join(str(p) for p in parts)
 
 
-def config_tag(config: dict, info: dict | None = None) -> str:
+def config_tag(config: dict, info: EngineInfo | None = None) -> str:
     """A short label of what shapes latency (backend, KV cache, batching), for chart rows and chat exports."""
-    info = info or {}
-    backend = info.get("backend") or config["backend"]
+    backend = info.backend if info else config["backend"]
     if backend == "hf":
         batching = "generate_batch" if config["batching"] == "continuous" else "generate static"
         return f"{model_label(config['model'])} · hf · {batching} ×{config['max_num_seqs']}"
@@ -173,14 +173,14 @@ def config_tag(config: dict, info: dict | None = None) -> str:
     return " · ".join(parts)
 
 
-def header_html(device: str, config: dict | None, info: dict | None, load_seconds: float | None) -> str:
+def header_html(device: str, config: dict | None, info: EngineInfo | None, load_seconds: float | None) -> str:
     """The one-line header: device on the left, active configuration on the right."""
     if config is None:
         active = '<span class="hdr-muted">no engine loaded</span>'
     else:
         active = html.escape(config_summary(config, info))
-        if info and info.get("num_params"):
-            active += f' <span class="hdr-muted">· {info["num_params"] / 1e6:.1f}M params</span>'
+        if info:
+            active += f' <span class="hdr-muted">· {info.num_params / 1e6:.1f}M params</span>'
         if load_seconds is not None:
             active += f' <span class="hdr-muted">· loaded {load_seconds:.1f} s</span>'
         elif info is None:

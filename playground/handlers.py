@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import gradio as gr
 import psutil
 
-from engine import EngineConfig, EngineError, preset_description
+from engine import EngineConfig, EngineError, EngineInfo, EngineStats, preset_description
 from playground import charts
 from playground.benchmark import BenchmarkHandlers
 from playground.chat import CHART_NAMES, ChatHandlers, ttft_chart
@@ -51,7 +51,7 @@ SPECULATIVE_FIELDS = ("draft_model", "num_speculative_tokens")
 
 def engine_size_bytes(engine) -> int:
     stats = engine.stats()
-    return int(stats.get("weights_bytes", 0)) + int(stats.get("kv_cache_bytes", 0))
+    return stats.weights_bytes + stats.kv_cache_bytes
 
 
 def _check_html(kind: str, text: str) -> str:
@@ -256,12 +256,12 @@ class Playground:
             return
         outcome = job.outcome
         session.config, session.extras = config, dict(extras)
-        detail = (f"weights {format_bytes(outcome.stats.get('weights_bytes'))} · "
-                  f"KV cache {format_bytes(outcome.stats.get('kv_cache_bytes'))} · "
-                  f"context {outcome.info.get('max_model_len')} tokens")
+        detail = (f"weights {format_bytes(outcome.stats.weights_bytes)} · "
+                  f"KV cache {format_bytes(outcome.stats.kv_cache_bytes)} · "
+                  f"context {outcome.info.max_model_len} tokens")
         title = (f"Sharing the loaded engine (its load took {outcome.load_seconds:.1f} s)" if shared
                  else f"Loaded in {outcome.load_seconds:.1f} s")
-        notices = "".join(f"<li>{html.escape(n)}</li>" for n in outcome.info.get("notices") or [])
+        notices = "".join(f"<li>{html.escape(n)}</li>" for n in outcome.info.notices)
         yield pack(APPLY_OUTPUTS, {
             **panel,
             "header": header_html(self.device, config, outcome.info, outcome.load_seconds),
@@ -271,7 +271,7 @@ class Playground:
             "session": session, "pool": self.pool_summary(session), "examples": self.examples_update(config),
         })
 
-    def load(self, config: dict) -> tuple[dict, dict]:
+    def load(self, config: dict) -> tuple[dict, EngineInfo]:
         """Load (or share) `config` and wait: (the engine's resolved config, its info). Raises what the load raised."""
         job = LoadJob(self.pool, config, hub_repo(config["model"], self.models))
         job.wait(None)
@@ -293,8 +293,9 @@ class Playground:
         except Exception as error:  # every failure becomes one readable API error
             raise gr.Error(self._error(error), print_exception=False) from None
         session.config, session.extras = config, extras_of(config)
-        public_info = {key: info.get(key) for key in ("model", "backend", "attention", "dtype", "device",
-                                                      "num_params", "vocab_size", "max_model_len", "notices")}
+        public_info = {key: getattr(info, key) for key in ("model", "backend", "attention", "dtype", "device",
+                                                           "num_params", "vocab_size", "max_model_len")}
+        public_info["notices"] = list(info.notices)
         return f"loaded: {config_summary(config, info)}", resolved, public_info
 
     def api_apply_preset(self, name, session) -> tuple[str, dict, dict]:
@@ -326,7 +327,7 @@ class Playground:
     def header(self, session: Session) -> str:
         """The header for this session's configuration, with what `auto` resolved to once loaded."""
         with self.pool.lease_if_loaded(session.config) as entry:
-            info = dict(entry.engine.info) if entry else None
+            info = entry.engine.info if entry else None
             load_seconds = entry.load_seconds if entry else None
         return header_html(self.device, session.config, info, load_seconds)
 
@@ -379,7 +380,7 @@ class Playground:
                 plots[charts.KV_BLOCKS.name], plots[charts.BATCH.name], plots[charts.SPECULATIVE.name],
                 self._features(session, engine, stats, info))
 
-    def _features(self, session: Session, engine, stats: dict | None, info: dict | None,
+    def _features(self, session: Session, engine, stats: EngineStats | None, info: EngineInfo | None,
                   status: str | None = None) -> str:
         """The quality-and-optimizations panel of the engine serving this session (None: not loaded)."""
         perplexity = engine.held_out_perplexity if engine is not None else None

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import EngineInfo, EngineStats
 from playground.pool import EnginePool
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -80,8 +81,8 @@ def availability_note(model: str, models: dict) -> str:
 class LoadOutcome:
     """What a finished load reports to the page."""
 
-    info: dict
-    stats: dict
+    info: EngineInfo
+    stats: EngineStats
     load_seconds: float
     config: dict  # the loaded engine's resolved configuration
 
@@ -111,7 +112,7 @@ class LoadJob:
         try:
             with self._pool.lease(self.config, on_phase=self._set_phase) as entry:
                 engine = entry.engine
-                self.outcome = LoadOutcome(dict(engine.info), engine.stats(), entry.load_seconds,
+                self.outcome = LoadOutcome(engine.info, engine.stats(), entry.load_seconds,
                                            engine.config.to_dict())
         except BaseException as error:  # reported to the page; the pool already cleaned up
             self.error = error

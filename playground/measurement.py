@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from engine import BenchRequest, RequestOutput, SamplingParams, StepRecord, WorkloadSpec, measure_engine
+from engine import BenchRequest, EngineInfo, RequestOutput, SamplingParams, StepRecord, WorkloadSpec, measure_engine
 from playground.pool import EnginePool
 
 STOP_WAIT_S = 60.0
@@ -29,7 +29,7 @@ class MeasuredRun:
 
     label: str
     config: dict
-    info: dict
+    info: EngineInfo
     result: dict
     outputs: list[RequestOutput | None]
     steps: list[StepRecord]
@@ -158,8 +158,8 @@ class MeasurementJob:
             # the measured window: from the first request sent (after the warm-up) to the last one done
             first_sent = last_done[0] - result["duration"]
             steps = [s for s in self.live_steps() if first_sent <= s.time <= last_done[0]]
-            run = MeasuredRun(label=label, config=config, info=dict(engine.info), result=result, outputs=outputs,
-                              steps=steps, started=first_sent, kv_blocks_total=engine.stats().get("kv_blocks_total", 0))
+            run = MeasuredRun(label=label, config=config, info=engine.info, result=result, outputs=outputs,
+                              steps=steps, started=first_sent, kv_blocks_total=engine.stats().kv_blocks_total)
             if pieces:
                 run.pieces = [token_pieces(engine.tokenizer, o.token_ids if o else []) for o in outputs]
             self.engine = None

@@ -126,8 +126,8 @@ class OpenAIService:
             if entry is None:
                 return None
             info = entry.engine.info
-            return {key: info.get(key) for key in ("backend", "attention", "dtype", "device", "vocab_size",
-                                                   "max_model_len", "num_params")}
+            return {key: getattr(info, key) for key in ("backend", "attention", "dtype", "device", "vocab_size",
+                                                        "max_model_len", "num_params")}
 
     def model_ids(self) -> list[str]:
         allowed = self.settings.allowed_models
@@ -211,7 +211,7 @@ class OpenAIService:
         job = _Job(self.app.pool, entry, on_close=lambda: None)
         try:
             engine = job.engine
-            max_model_len = engine.info.get("max_model_len") or engine.config.max_model_len
+            max_model_len = engine.info.max_model_len
             if kind == "chat":
                 template = bool(getattr(engine.tokenizer, "chat_template", None))
                 prompts = [as_prompt(template, messages) for messages in prompts]

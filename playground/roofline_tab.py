@@ -69,9 +69,9 @@ def probe_prompts(count: int, length: int, vocab_size: int, seed: int) -> list[l
 def run_probe(engine) -> float:
     """The probe's requests, batch after batch, on `engine`; returns when it started (a perf_counter time)."""
     started = time.perf_counter()
-    length = min(PROBE_INPUT_LEN, engine.info["max_model_len"] - PROBE_OUTPUT_LEN - 1)
+    length = min(PROBE_INPUT_LEN, engine.info.max_model_len - PROBE_OUTPUT_LEN - 1)
     for index, batch in enumerate(PROBE_BATCHES):
-        prompts = probe_prompts(batch, length, engine.info["vocab_size"], PROBE_SEED + index)
+        prompts = probe_prompts(batch, length, engine.info.vocab_size, PROBE_SEED + index)
         engine.generate(prompts, SamplingParams(max_tokens=PROBE_OUTPUT_LEN, ignore_eos=True))
     return started
 
@@ -107,7 +107,7 @@ class RooflineTab:
                                                 "Apply, send a chat message, or Run probe.")
             engine = entry.engine
             if refresh:
-                device_ceilings(engine.info["device"], engine.info["dtype"], refresh=True)
+                device_ceilings(engine.info.device, engine.info.dtype, refresh=True)
             return roofline_view(engine, self._since(window, probe_started), config_summary(session.config,
                                                                                             engine.info))
 

@@ -31,6 +31,7 @@ class BenchmarkRecord:
 
     number: int
     label: str
+    summary: str  # the configuration measured, `auto` choices as its engine resolved them
     report: dict  # the same keys as `engine.bench --json`
     started: float
     steps: list  # the engine's StepRecords during the run

@@ -29,7 +29,7 @@ def device_ceilings_cache(tmp_path_factory):
     """The roofline's ceilings cache of this test session: measured once here, not the user's file, unless the
     environment names one (e.g. to take the README's screenshot with the machine's cached ceilings); app
     processes the tests start inherit it."""
-    from engine.roofline import CACHE_ENV
+    from engine.tools.roofline import CACHE_ENV
 
     previous = os.environ.get(CACHE_ENV)
     path = Path(previous) if previous else tmp_path_factory.mktemp("ceilings") / "device-ceilings.json"

@@ -20,8 +20,8 @@ def wait_until_idle(engine: Engine, timeout: float = 10.0, kv_free: bool = True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         stats = engine.stats()
-        blocks_back = stats["kv_cache_used_bytes"] == 0 or not kv_free
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and blocks_back:
+        blocks_back = stats.kv_cache_used_bytes == 0 or not kv_free
+        if stats.num_running == 0 and stats.num_waiting == 0 and blocks_back:
             return stats
         time.sleep(0.01)
     raise AssertionError("engine did not become idle")

@@ -11,6 +11,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig
 
+from engine import EngineInfo
+
 
 def checkpoint_bytes(folder: str | Path) -> int:
     """Bytes of every tensor stored in a folder's safetensors files (float32 as the tiny models are saved)."""
@@ -32,7 +34,7 @@ def kv_bytes_per_token(folder: str | Path, element_size: int) -> int:
 
 
 def element_size(dtype_name: str) -> int:
-    """Bytes per element of a dtype named as `engine.info["dtype"]` names it ("float32", "bfloat16", ...)."""
+    """Bytes per element of a dtype named as `engine.info.dtype` names it ("float32", "bfloat16", ...)."""
     return torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
 
 
@@ -44,3 +46,13 @@ def memory_in_use(device: str) -> int:
     if device == "cuda":
         return torch.cuda.memory_allocated()
     return psutil.Process().memory_info().rss
+
+
+def engine_info(**fields) -> EngineInfo:
+    """An `EngineInfo` of a loaded demo-like engine, with `fields` changed: for figure code tested without a model."""
+    defaults = dict(model="demo", path="assets/models/demo-chat", architecture="LlamaForCausalLM", backend="native",
+                    device="cpu", device_name="CPU", dtype="float32", attention="cpu-kernel", quantization="none",
+                    max_model_len=1024, vocab_size=6144, num_params=8_000_000, num_kv_heads=8,
+                    kv_bytes_per_token=16384, cuda_graphs=False, cpu_kernels=True, tensor_parallel_size=1,
+                    draft_model=None, draft_num_params=0, load_seconds=1.0, notices=())
+    return EngineInfo(**{**defaults, **fields})

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import psutil
 
+from engine.testing import EngineProbe
+
 MIB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
 # Half-way through a round the traffic and the Gradio sessions move from one preset to the next (None: the
@@ -345,8 +347,8 @@ class Snapshot:
         engines = []
         for entry in app.pool.entries():
             stats = entry.engine.stats()
-            engines.append({key: stats[key] for key in ("kv_blocks_free", "kv_blocks_total", "num_running",
-                                                        "num_waiting")} | {"config": entry.key})
+            engines.append({key: getattr(stats, key) for key in ("kv_blocks_free", "kv_blocks_total", "num_running",
+                                                                 "num_waiting")} | {"config": entry.key})
         children = [c for c in psutil.Process().children(recursive=True) if not _is_resource_tracker(c)]
         return cls(psutil.Process().memory_info().rss / MIB, _kv_resident_bytes(app) / MIB,
                    app.pool.total_bytes() / MIB, dict(names), len(children), engines)
@@ -371,7 +373,7 @@ def _kv_resident_bytes(app) -> int:
     """
     pools = []
     for entry in app.pool.entries():
-        storage = entry.engine._backend.executor.runner.kv_cache.storage
+        storage = EngineProbe(entry.engine).kv_storage()
         pools.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes))
     resident, inside = 0, False
     with open("/proc/self/smaps") as smaps:
@@ -414,7 +416,7 @@ def _settle(app, seconds: float) -> None:
     """Wait until every engine is idle and no request thread is left (cancellations take a step to land)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        busy = any(e.engine.stats()["num_running"] or e.engine.stats()["num_waiting"] for e in app.pool.entries())
+        busy = any(e.engine.stats().num_running or e.engine.stats().num_waiting for e in app.pool.entries())
         streaming = any(t.name == "openai-stream" for t in threading.enumerate())
         if not busy and not streaming:
             return

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import build_config, main, portable_report_text, ratios
-from engine.config import list_presets, load_preset
 from engine.hub import PROJECT_ROOT, list_models
 from engine.overrides import parse_value
-from engine.workloads import (
+from engine.presets import list_presets, load_preset
+from engine.tools.bench import build_config, main, portable_report_text, ratios
+from engine.tools.workloads import (
     CHAT_PROMPTS_FILE,
     WorkloadSpec,
     build_workload,

@@ -259,7 +259,7 @@ def test_retry_undo_edit_and_stop(served, page, monkeypatch):
     except Exception as error:
         raise AssertionError(f"not stopped: {page.inner_text('#chat')[-400:]!r}, notice "
                              f"{page.inner_text('#chat-notice')!r}") from error
-    assert engine.stats()["num_running"] == 0
+    assert engine.stats().num_running == 0
 
 
 def trash(page) -> None:
@@ -337,7 +337,7 @@ def test_apply_loads_exactly_the_panels_values_and_shows_its_progress(served, pa
     panel = {"kv_layout": "contiguous", "prefix_caching": False, "batching": "continuous", "max_num_seqs": 3,
              "max_model_len": 256, "max_num_batched_tokens": 128}
     assert {k: getattr(engine.config, k) for k in panel} == panel
-    assert 4 * 2**20 < engine.stats()["kv_cache_bytes"] <= 8 * 2**20
+    assert 4 * 2**20 < engine.stats().kv_cache_bytes <= 8 * 2**20
     assert "active configuration, loaded" in page.inner_text("#check")
     assert "contiguous KV" in page.inner_text("#header") and "×3" in page.inner_text("#header")
 

@@ -119,7 +119,7 @@ def test_benchmark_runs_with_progress_cancels_exports_and_overlays(served, page,
                            timeout=120_000)
     assert "of 64 requests finished" in page.inner_text("#bench-status")
     app = served[0]
-    assert all(entry.engine.stats()["num_running"] == 0 for entry in app.pool.entries())
+    assert all(entry.engine.stats().num_running == 0 for entry in app.pool.entries())
 
     page.fill("#bench-requests input", "24")
     fill_text(page, "#bench-output", "16:64")

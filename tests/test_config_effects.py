@@ -47,7 +47,7 @@ def test_model_selects_the_checkpoint(tiny_model_dirs):
     seen = {}
     for name in ("llama-gqa", "qwen3-qk-norm"):
         with Engine(EngineConfig(model=tiny_model_dirs[name])) as engine:
-            seen[name] = (engine.info["architecture"], engine.info["path"],
+            seen[name] = (engine.info.architecture, engine.info.path,
                           engine.generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids)
     assert seen["llama-gqa"][:2] == ("LlamaForCausalLM", tiny_model_dirs["llama-gqa"])
     assert seen["qwen3-qk-norm"][:2] == ("Qwen3ForCausalLM", tiny_model_dirs["qwen3-qk-norm"])
@@ -62,7 +62,7 @@ def test_backend_decides_who_serves(tiny_llama_dir):
         with Engine(EngineConfig(model=tiny_llama_dir, backend=backend, batching="static", dtype="float32")) as engine:
             first = engine.generate(prefix + [5], SHORT)[0]
             second = engine.generate(prefix + [6], SHORT)[0]
-            seen[backend] = (engine.info["backend"], engine.info["attention"], first.token_ids,
+            seen[backend] = (engine.info.backend, engine.info.attention, first.token_ids,
                              second.metrics.cached_tokens)
     assert seen["native"][:2] == ("native", "cpu-kernel")  # auto on a CPU in float32: the engine's kernel
     assert seen["hf"][0] == "hf" and seen["hf"][1].startswith("transformers")
@@ -72,9 +72,9 @@ def test_backend_decides_who_serves(tiny_llama_dir):
 
 def test_device_is_where_the_engine_runs(tiny_llama_dir):
     with Engine(EngineConfig(model=tiny_llama_dir, device="cpu")) as engine:
-        assert engine.info["device"] == "cpu"
+        assert engine.info.device == "cpu"
     with Engine(EngineConfig(model=tiny_llama_dir, device="auto")) as engine:
-        assert engine.info["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+        assert engine.info.device == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device='cuda'.*no CUDA device"):
             Engine(EngineConfig(model=tiny_llama_dir, device="cuda"))
@@ -86,10 +86,10 @@ def test_dtype_sets_weight_and_kv_bytes(tiny_llama_dir, dtype, element_size):
     with Engine(EngineConfig(model=tiny_llama_dir, device="cpu", dtype=dtype, kv_cache_bytes=kv_budget,
                              block_size=16)) as engine:
         stats = engine.stats()
-        assert engine.info["dtype"] == dtype
+        assert engine.info.dtype == dtype
         assert engine.generate([5, 6, 7], SHORT)[0].finish_reason == "length"
-    assert stats["weights_bytes"] == checkpoint_bytes(tiny_llama_dir) * element_size // FLOAT32_BYTES
-    assert stats["kv_blocks_total"] == kv_budget // (16 * kv_bytes_per_token(tiny_llama_dir, element_size))
+    assert stats.weights_bytes == checkpoint_bytes(tiny_llama_dir) * element_size // FLOAT32_BYTES
+    assert stats.kv_blocks_total == kv_budget // (16 * kv_bytes_per_token(tiny_llama_dir, element_size))
 
 
 def test_attention_backend_is_the_one_asked_for(tiny_llama_dir):
@@ -97,14 +97,14 @@ def test_attention_backend_is_the_one_asked_for(tiny_llama_dir):
     tokens = {}
     for attention in ("sdpa", "eager", "cpu-kernel", "auto"):
         with Engine(EngineConfig(model=tiny_llama_dir, device="cpu", attention=attention)) as engine:
-            tokens[engine.info["attention"]] = [o.token_ids for o in engine.generate(prompts, SHORT)]
+            tokens[engine.info.attention] = [o.token_ids for o in engine.generate(prompts, SHORT)]
     assert set(tokens) == {"sdpa", "eager", "cpu-kernel"}, "auto resolves to the engine's kernel on a CPU"
     assert tokens["sdpa"] == tokens["eager"] == tokens["cpu-kernel"]
 
 
 def test_cuda_graphs_only_apply_on_cuda(tiny_llama_dir):
     with Engine(EngineConfig(model=tiny_llama_dir, device="cpu", cuda_graphs=True)) as engine:
-        assert engine.info["cuda_graphs"] is False
+        assert engine.info.cuda_graphs is False
     # On a GPU, tests/test_cuda_paths.py checks that the setting turns graph capture on and off.
 
 
@@ -119,10 +119,10 @@ def test_block_size_and_kv_cache_bytes_carve_the_pool(tiny_llama_dir, block_size
                              kv_cache_bytes=kv_budget)) as engine:
         stats = wait_until_idle(engine)
         _, steps = run_and_record(engine, [prompt])
-    assert stats["kv_block_size"] == block_size
-    assert stats["kv_blocks_total"] == kv_budget // block_bytes
-    assert stats["kv_cache_bytes"] == stats["kv_blocks_total"] * block_bytes
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["kv_cache_used_bytes"] == 0
+    assert stats.kv_block_size == block_size
+    assert stats.kv_blocks_total == kv_budget // block_bytes
+    assert stats.kv_cache_bytes == stats.kv_blocks_total * block_bytes
+    assert stats.kv_blocks_free == stats.kv_blocks_total and stats.kv_cache_used_bytes == 0
     assert steps[0].kv_blocks_used == math.ceil(len(prompt) / block_size), "the prompt's blocks after its prefill"
     assert steps[1].kv_blocks_used == math.ceil((len(prompt) + 1) / block_size)
 
@@ -138,7 +138,7 @@ def test_kv_cache_bytes_bounds_concurrency(tiny_llama_dir, blocks, expected_peak
     assert all(len(o.token_ids) == 8 for o in outputs)
     assert max(step.kv_blocks_used for step in steps) <= blocks
     assert max(step.num_running for step in steps) == expected_peak
-    assert stats["peak_running"] == expected_peak
+    assert stats.peak_running == expected_peak
 
 
 def test_contiguous_layout_reserves_max_model_len_per_sequence(tiny_llama_dir):
@@ -154,8 +154,8 @@ def test_contiguous_layout_reserves_max_model_len_per_sequence(tiny_llama_dir):
             outputs, steps = run_and_record(engine, prompts)
             seen[layout] = (engine.stats(), [o.token_ids for o in outputs], max(s.num_running for s in steps))
     contiguous, paged = seen["contiguous"], seen["paged"]
-    assert contiguous[0]["kv_block_size"] == max_model_len and contiguous[0]["kv_blocks_total"] == 3
-    assert paged[0]["kv_block_size"] == 16 and paged[0]["kv_blocks_total"] == 12
+    assert contiguous[0].kv_block_size == max_model_len and contiguous[0].kv_blocks_total == 3
+    assert paged[0].kv_block_size == 16 and paged[0].kv_blocks_total == 12
     assert contiguous[2] == 3 and paged[2] == 6
     assert contiguous[1] == paged[1], "the layout changes memory use, not tokens"
 
@@ -167,7 +167,7 @@ def test_prefix_caching_reuses_a_shared_prefix_only_when_on(tiny_llama_dir, pref
         first = engine.generate(prefix + [5], SHORT)[0]
         second = engine.generate(prefix + [6], SHORT)[0]
         third = engine.generate(prefix[:40] + [7], SHORT)[0]
-        hit_rate = engine.stats()["prefix_cache_hit_rate"]
+        hit_rate = engine.stats().prefix_cache_hit_rate
     assert first.metrics.cached_tokens == 0
     if prefix_caching:
         assert (second.metrics.cached_tokens, third.metrics.cached_tokens) == (64, 32), "whole blocks only"
@@ -230,7 +230,7 @@ def test_max_num_seqs_caps_every_step(tiny_llama_dir, batching, max_num_seqs):
     assert all(len(o.token_ids) == SHORT.max_tokens for o in outputs)
     assert max(step.batch_size for step in steps) == max_num_seqs
     assert max(step.num_running for step in steps) == max_num_seqs
-    assert stats["peak_running"] == max_num_seqs
+    assert stats.peak_running == max_num_seqs
 
 
 def test_max_num_batched_tokens_caps_every_step_and_chunks_long_prompts(tiny_llama_dir):
@@ -258,11 +258,11 @@ def test_max_model_len_bounds_prompt_plus_output(tiny_llama_dir):
             engine.generate(distinct_prompts(1, max_model_len)[0])
         last_slot = engine.generate(distinct_prompts(1, max_model_len - 1)[0], SHORT)[0]
         info, stats = engine.info, engine.stats()
-    assert info["max_model_len"] == max_model_len
+    assert info.max_model_len == max_model_len
     assert (len(capped.token_ids), capped.finish_reason) == (max_model_len - 20, "length")
     assert len(last_slot.token_ids) == 1
     # left unset, kv_cache_bytes sizes the pool for max_num_seqs sequences of max_model_len tokens
-    assert stats["kv_blocks_total"] == max_num_seqs * math.ceil(max_model_len / block_size)
+    assert stats.kv_blocks_total == max_num_seqs * math.ceil(max_model_len / block_size)
 
 
 # ---- seed and the values not built yet -----------------------------------------------------------

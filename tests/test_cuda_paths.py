@@ -44,5 +44,5 @@ def test_flash_attn_matches_sdpa(tiny_llama_dir, cuda_graphs):
 def test_cuda_graphs_setting_turns_graph_decode_on_and_off(tiny_llama_dir, cuda_graphs):
     with Engine(EngineConfig(model=tiny_llama_dir, device="cuda", dtype="bfloat16", attention="flash-attn",
                              block_size=256, cuda_graphs=cuda_graphs)) as engine:
-        assert engine.info["cuda_graphs"] is cuda_graphs
+        assert engine.info.cuda_graphs is cuda_graphs
         assert engine.generate([1, 2, 3], SamplingParams(max_tokens=8))[0].token_ids

@@ -4,7 +4,6 @@ no fresh memory per step, the matmul forms, and the pure-PyTorch fallback when t
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 
 import psutil
 import pytest
@@ -13,18 +12,18 @@ from transformers import AutoModelForCausalLM
 
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, estimate_memory, unavailable_reason
 from engine.backends.native import NativeBackend
-from engine.hub import load_hf_config
 from engine.model import cpu_kernels, matmul
+from engine.plan import plan_engine
 from engine.runner.block_tables import BlockTables
 from engine.runner.step_plan import SequenceChunk, StepPlan
+from engine.testing import EngineProbe
 from tests.test_equivalence import MAX_TOKENS, PROMPTS, hf_greedy
 
 MIB = 2**20
 
 
 def native_backend(folder: str, **settings) -> NativeBackend:
-    config = EngineConfig(model=folder, dtype="float32", **settings).validate()
-    return NativeBackend(config, Path(folder), load_hf_config(Path(folder)))
+    return NativeBackend(plan_engine(EngineConfig(model=folder, dtype="float32", **settings)))
 
 
 @pytest.mark.parametrize("settings", [dict(), dict(attention="sdpa"), dict(cpu_kernels=False)])
@@ -126,7 +125,7 @@ def test_block_tables_write_only_what_changed():
 def test_stale_contents_of_the_never_zeroed_pool_never_reach_outputs(attention, tiny_llama_dir):
     """The pool holds whatever was there before (here NaN everywhere): attention must read only written slots."""
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", attention=attention, block_size=8)) as engine:
-        engine._backend.executor.runner.kv_cache.storage.fill_(float("nan"))
+        EngineProbe(engine).kv_storage().fill_(float("nan"))
         outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
     assert [o.finish_reason for o in outputs] == ["length"] * len(PROMPTS)
     assert [o.token_ids for o in outputs] == hf_greedy(tiny_llama_dir, PROMPTS, MAX_TOKENS)
@@ -144,7 +143,7 @@ def test_the_kv_pool_is_reserved_not_committed_and_is_returned_on_close(tiny_lla
     before = rss()
     engine = Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", kv_cache_bytes=pool))
     engine.generate([[5] * 20] * 4, SamplingParams(max_tokens=8, ignore_eos=True))
-    assert engine.stats()["kv_cache_bytes"] == pool
+    assert engine.stats().kv_cache_bytes == pool
     assert rss() - before < pool // 8, "the pool was committed (zero-filled?) although almost none of it was used"
     engine.close()
     assert rss() - before < 32 * MIB
@@ -154,11 +153,11 @@ def test_decode_steps_fault_in_no_fresh_memory():
     """With the pool's pages touched once, a batch-16 decode step of the demo model maps no new memory."""
     with Engine(EngineConfig(model="demo", max_num_seqs=16, kv_cache_bytes=64 * MIB)) as engine:
         # commit the pool now: a first write into a page faults once, whatever the step allocates
-        engine._backend.executor.runner.kv_cache.storage.zero_()
+        EngineProbe(engine).kv_storage().zero_()
         prompts = [[int(t) for t in torch.randint(3, 6000, (128,), generator=torch.Generator().manual_seed(i))]
                    for i in range(16)]
         engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
-        steps = engine._backend.profiler.decode_steps()
+        steps = EngineProbe(engine).decode_steps()
     full_batch = [step.minor_faults for step in steps if step.batch_size == 16]
     assert len(full_batch) >= 10
     assert sorted(full_batch)[len(full_batch) // 2] < 20
@@ -186,13 +185,13 @@ def test_kernel_settings_are_checked_and_resolved(tiny_llama_dir):
         EngineConfig(cpu_kernels="yes").validate()
     assert "CPU" in unavailable_reason("attention", "cpu-kernel", device="cuda")
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as engine:
-        assert engine.info["attention"] == "cpu-kernel" and engine.info["cpu_kernels"]
+        assert engine.info.attention == "cpu-kernel" and engine.info.cpu_kernels
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32", cpu_kernels=False)) as engine:
-        assert engine.info["attention"] == "sdpa" and not engine.info["cpu_kernels"]
-        assert not any("kernel" in notice for notice in engine.info["notices"])  # off on purpose: nothing to explain
+        assert engine.info.attention == "sdpa" and not engine.info.cpu_kernels
+        assert not any("kernel" in notice for notice in engine.info.notices)  # off on purpose: nothing to explain
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="bfloat16")) as engine:
-        assert engine.info["attention"] == "sdpa" and not engine.info["cpu_kernels"]
-        assert any("float32" in notice for notice in engine.info["notices"])
+        assert engine.info.attention == "sdpa" and not engine.info.cpu_kernels
+        assert any("float32" in notice for notice in engine.info.notices)
     with pytest.raises(ConfigError, match="float32"):
         Engine(EngineConfig(model=tiny_llama_dir, dtype="bfloat16", attention="cpu-kernel"))
 
@@ -203,8 +202,8 @@ def test_without_a_kernel_build_the_engine_runs_pure_pytorch_and_says_why(tiny_l
         with_kernels = [o.token_ids for o in engine.generate(PROMPTS, params)]
     monkeypatch.setattr(cpu_kernels, "unavailable_reason", lambda: cpu_kernels.NOT_BUILT)
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as engine:
-        assert engine.info["attention"] == "sdpa" and not engine.info["cpu_kernels"]
-        assert any("make kernels" in notice for notice in engine.info["notices"])
+        assert engine.info.attention == "sdpa" and not engine.info.cpu_kernels
+        assert any("make kernels" in notice for notice in engine.info.notices)
         assert [o.token_ids for o in engine.generate(PROMPTS, params)] == with_kernels
 
 
@@ -214,9 +213,9 @@ def test_kv_memory_fraction_sizes_the_default_pool(tiny_llama_dir):
     config = EngineConfig(model=tiny_llama_dir, dtype="float32", max_model_len=256, kv_memory_fraction=1e-9)
     with Engine(config) as engine:
         stats = engine.stats()
-    one_sequence = 256 // stats["kv_block_size"]
-    assert stats["kv_blocks_total"] == one_sequence  # the budget is tiny: the floor of one full sequence
-    assert estimate_memory(config).kv_cache_bytes == stats["kv_cache_bytes"]
+    one_sequence = 256 // stats.kv_block_size
+    assert stats.kv_blocks_total == one_sequence  # the budget is tiny: the floor of one full sequence
+    assert estimate_memory(config).kv_cache_bytes == stats.kv_cache_bytes
 
 
 def decode_plan(backend: NativeBackend, prompts: list[list[int]]) -> StepPlan:

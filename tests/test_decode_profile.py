@@ -8,8 +8,9 @@ import time
 import pytest
 
 from engine import DecodeProfile, Engine, EngineConfig, RequestError, SamplingParams
-from engine.bench import main
 from engine.runner.profiler import _interpolate, measure_matmul_floor
+from engine.testing import EngineProbe
+from engine.tools.bench import main
 
 PROMPTS = [[5 + i] * 30 for i in range(10)]  # more sequences than the fused small-batch decode takes
 
@@ -48,7 +49,7 @@ def test_the_padded_fallback_shows_its_gathers(tiny_llama_dir):
 
 def test_floor_grows_with_the_batch_and_interpolates_between_measured_sizes(tiny_llama_dir):
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as engine:
-        model = engine._backend.executor.runner.model
+        model = EngineProbe(engine).model()
         small, large = measure_matmul_floor(model, 1), measure_matmul_floor(model, 512)
     assert large.cpu_seconds > small.cpu_seconds
     assert _interpolate({1: 1.0, 5: 3.0}, 3) == pytest.approx(2.0)

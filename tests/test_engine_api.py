@@ -50,7 +50,7 @@ def test_closing_a_stream_cancels_and_frees_its_blocks(chat_engine):
     assert not first.finished
     stream.close()
     stats = wait_until_idle(chat_engine)
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
 def test_cancel_from_another_thread_ends_the_request(chat_engine):
@@ -61,7 +61,7 @@ def test_cancel_from_another_thread_ends_the_request(chat_engine):
     assert output.finish_reason == "cancelled"
     assert 0 < len(output.token_ids) < 400
     stats = wait_until_idle(chat_engine)
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
 def test_concurrent_callers_get_their_own_correct_results(chat_engine):
@@ -79,7 +79,7 @@ def test_concurrent_callers_get_their_own_correct_results(chat_engine):
     for thread in threads:
         thread.join()
     assert [results[i] for i in range(len(prompts))] == expected
-    assert chat_engine.stats()["peak_running"] > 1, "concurrent callers were batched together"
+    assert chat_engine.stats().peak_running > 1, "concurrent callers were batched together"
 
 
 def test_stop_string_truncates_text_and_stops(chat_engine):
@@ -138,21 +138,21 @@ def test_metrics_are_the_engine_s_own_step_times(chat_engine):
 
 
 def test_stats_report_the_pool_the_weights_and_the_running_requests(chat_engine, tiny_chat_dir):
-    element = element_size(chat_engine.info["dtype"])
+    element = element_size(chat_engine.info.dtype)
     block_bytes = 4 * kv_bytes_per_token(tiny_chat_dir, element)  # chat_engine has block_size=4
     stream = chat_engine.stream("Paged attention", SamplingParams(max_tokens=400, ignore_eos=True))
     next(stream)
     busy = chat_engine.stats()
     stream.close()
-    in_use = memory_in_use(chat_engine.info["device"])
+    in_use = memory_in_use(chat_engine.info.device)
     idle = wait_until_idle(chat_engine)
-    assert busy["num_running"] == 1 and busy["kv_cache_used_bytes"] > 0
-    assert busy["kv_cache_used_bytes"] % block_bytes == 0
-    assert idle["kv_cache_bytes"] == idle["kv_blocks_total"] * block_bytes
-    assert (idle["kv_blocks_free"], idle["kv_cache_used_bytes"]) == (idle["kv_blocks_total"], 0)
-    assert idle["weights_bytes"] == checkpoint_bytes(tiny_chat_dir) * element // 4  # saved in float32
-    assert idle["peak_memory_bytes"] >= 0.9 * in_use, "the peak, in bytes"
-    assert idle["spec_acceptance_rate"] == 0.0, "speculative decoding is off"
+    assert busy.num_running == 1 and busy.kv_cache_used_bytes > 0
+    assert busy.kv_cache_used_bytes % block_bytes == 0
+    assert idle.kv_cache_bytes == idle.kv_blocks_total * block_bytes
+    assert (idle.kv_blocks_free, idle.kv_cache_used_bytes) == (idle.kv_blocks_total, 0)
+    assert idle.weights_bytes == checkpoint_bytes(tiny_chat_dir) * element // 4  # saved in float32
+    assert idle.peak_memory_bytes >= 0.9 * in_use, "the peak, in bytes"
+    assert idle.spec_acceptance_rate == 0.0, "speculative decoding is off"
     assert chat_engine.step_history(), "steps are recorded for the live charts"
 
 
@@ -163,7 +163,7 @@ def test_prefix_cache_hits_on_a_shared_prompt(tiny_llama_dir):
         second = engine.generate(prefix + [2], SamplingParams(max_tokens=4, ignore_eos=True))[0]
         assert first.metrics.cached_tokens == 0
         assert second.metrics.cached_tokens == 64
-        assert engine.stats()["prefix_cache_hit_rate"] > 0.4
+        assert engine.stats().prefix_cache_hit_rate > 0.4
 
 
 def test_requests_arriving_together_share_a_prefix_computed_once(tiny_llama_dir):
@@ -193,7 +193,7 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(chat_engine):
         chat_engine.generate("")
     with pytest.raises(RequestError, match="max_model_len"):
         chat_engine.generate(["fine", [5] * 10_000])
-    assert chat_engine.stats()["num_waiting"] == 0, "a batch with one bad prompt queues nothing"
+    assert chat_engine.stats().num_waiting == 0, "a batch with one bad prompt queues nothing"
     assert chat_engine.generate("still serving", SamplingParams(max_tokens=3))[0].token_ids
 
 

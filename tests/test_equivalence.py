@@ -88,6 +88,6 @@ def test_preemption_under_tiny_kv_budget_keeps_outputs(arch, layout, tiny_model_
                                kv_layout=layout, prefix_caching=layout == "paged", block_size=4)
     assert tokens == references[arch]
     if layout == "paged":
-        assert stats["num_preemptions"] > 0
-    assert stats["peak_running"] >= 1
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+        assert stats.num_preemptions > 0
+    assert stats.peak_running >= 1
+    assert stats.kv_blocks_free == stats.kv_blocks_total

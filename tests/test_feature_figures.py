@@ -3,17 +3,19 @@ before and after quantization, and tensor parallelism's communication share, eac
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
 import pytest
 
-from engine import Engine, EngineConfig, RequestMetrics, SamplingParams, StepRecord, estimate_memory
+from engine import Engine, EngineConfig, EngineStats, RequestMetrics, SamplingParams, StepRecord, estimate_memory
 from playground import charts
 from playground.feature_figures import features_html, tensor_parallel_rows
 from playground.figures import figures_html, reply_figures
 from playground.serve import create_playground
 from playground.settings import Settings
+from tests.reference_figures import engine_info
 
 REPEATING_PROMPT = [5, 6, 7, 8, 9] * 6
 
@@ -64,17 +66,17 @@ def test_acceptance_chart_matches_engine_stats_and_shows_only_while_speculating(
         engine.generate([REPEATING_PROMPT, REPEATING_PROMPT[1:]], SamplingParams(max_tokens=24, ignore_eos=True))
         stats = engine.stats()
         steps = engine.step_history(since)
-    assert stats["spec_num_draft_tokens"] > 0, "n-gram lookup proposes on a repeating prompt"
+    assert stats.spec_num_draft_tokens > 0, "n-gram lookup proposes on a repeating prompt"
     outputs = app.chart_outputs(session)
     assert outputs[5].visible is True
     frame = charts.speculative_frame(steps, time.perf_counter())
-    assert sum(step.spec_proposed for step in steps) == stats["spec_num_draft_tokens"]
-    assert sum(step.spec_accepted for step in steps) == stats["spec_num_accepted_tokens"]
+    assert sum(step.spec_proposed for step in steps) == stats.spec_num_draft_tokens
+    assert sum(step.spec_accepted for step in steps) == stats.spec_num_accepted_tokens
     assert not frame.empty and frame["acceptance"].between(0, 1).all()
     panel = outputs[6]
-    accepted, proposed = stats["spec_num_accepted_tokens"], stats["spec_num_draft_tokens"]
+    accepted, proposed = stats.spec_num_accepted_tokens, stats.spec_num_draft_tokens
     assert f"({accepted:,} of {proposed:,} proposed)" in panel
-    assert f"{1 + accepted / stats['spec_num_drafts']:.2f} tokens per verification step" in panel
+    assert f"{1 + accepted / stats.spec_num_drafts:.2f} tokens per verification step" in panel
 
 
 def test_panel_shows_perplexity_once_measured_and_quantized_weights_against_unquantized(ngram_app):
@@ -91,22 +93,21 @@ def test_panel_shows_perplexity_once_measured_and_quantized_weights_against_unqu
     assert f"{expected_ppl:.3f} on" in panel
     unquantized = estimate_memory(EngineConfig(model="demo")).weights_bytes
     ratio = float(re.search(r"\(([\d.]+)x\)", panel).group(1))
-    assert ratio == pytest.approx(stats["weights_bytes"] / unquantized, abs=0.005) and ratio < 0.6
+    assert ratio == pytest.approx(stats.weights_bytes / unquantized, abs=0.005) and ratio < 0.6
     assert "as torchao-int8" in panel
 
 
 def test_tensor_parallel_rows_give_each_rank_its_share():
-    stats = {"tensor_parallel_size": 2, "executor_seconds": 4.0, "collective_seconds": 1.0, "collective_share": 0.25,
-             "rank_weights_bytes": [1024, 2048], "rank_kv_cache_bytes": [4096, 4096],
-             "rank_collective_seconds": [1.0, 2.0]}
+    stats = EngineStats(tensor_parallel_size=2, executor_seconds=4.0, collective_seconds=1.0, collective_share=0.25,
+                        rank_weights_bytes=(1024, 2048), rank_kv_cache_bytes=(4096, 4096),
+                        rank_collective_seconds=(1.0, 2.0), weights_bytes=1)
     rows = "".join(tensor_parallel_rows(stats))
     assert "25% of step time" in rows and "collectives 1.00 s (25%)" in rows and "collectives 2.00 s (50%)" in rows
     config = EngineConfig(model="demo").validate().to_dict()
-    info = {"quantization": "none", "dtype": "float32"}
-    assert "TP communication" in features_html({**config, "tensor_parallel_size": 2},
-                                               {**stats, "weights_bytes": 1}, info, None, None)
-    assert "TP communication" not in features_html(config, {**stats, "tensor_parallel_size": 1,
-                                                            "weights_bytes": 1}, info, None, None)
+    info = engine_info()
+    assert "TP communication" in features_html({**config, "tensor_parallel_size": 2}, stats, info, None, None)
+    assert "TP communication" not in features_html(config, dataclasses.replace(stats, tensor_parallel_size=1), info,
+                                                   None, None)
 
 
 @pytest.mark.slow
@@ -115,5 +116,5 @@ def test_tensor_parallel_engine_reports_communication_in_the_panel(tiny_llama_di
         engine.generate([[3, 4, 5]], SamplingParams(max_tokens=4, ignore_eos=True))
         stats = engine.stats()
     config = engine.config.to_dict()
-    panel = features_html(config, stats, dict(engine.info), None, None)
-    assert f"{stats['collective_share']:.0%} of step time" in panel and "rank 1" in panel
+    panel = features_html(config, stats, engine.info, None, None)
+    assert f"{stats.collective_share:.0%} of step time" in panel and "rank 1" in panel

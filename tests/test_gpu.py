@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.gpu_check import reference_greedy
+from engine.tools.gpu_check import reference_greedy
 from tests.tiny_models import build_tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -32,7 +32,7 @@ def test_native_equals_transformers_on_cuda(tmp_path, no_tf32, architecture, bat
                           batching=batching)
     with Engine(config) as engine:
         outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-        assert engine.info["device"] == "cuda"
+        assert engine.info.device == "cuda"
     assert [o.token_ids for o in outputs] == expected
 
 

@@ -15,7 +15,7 @@ import torch
 
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, choice_note, estimate_memory
 from engine.hub import resolve_model_path
-from engine.quant.gqa import kv_head_options, regroup_kv_heads
+from engine.model.gqa import kv_head_options, regroup_kv_heads
 
 KV_BYTES = 32 * 2**20
 
@@ -31,8 +31,8 @@ def demo_kv_figures() -> dict:
     for heads in (8, 4, 2, 1):
         config = EngineConfig(model="demo", dtype="float32", gqa=heads, kv_cache_bytes=KV_BYTES)
         with Engine(config) as engine:
-            figures[heads] = (engine.info["kv_bytes_per_token"], engine.stats()["kv_blocks_total"],
-                              engine.info["num_kv_heads"], estimate_memory(config))
+            figures[heads] = (engine.info.kv_bytes_per_token, engine.stats().kv_blocks_total,
+                              engine.info.num_kv_heads, estimate_memory(config))
     return figures
 
 
@@ -67,7 +67,7 @@ def test_mha_expansion_gives_identical_greedy_output(tiny_model_dirs, name):
     for gqa in ("native", "mha"):
         with Engine(EngineConfig(model=tiny_model_dirs[name], dtype="float32", gqa=gqa)) as engine:
             outputs[gqa] = [o.token_ids for o in engine.generate(prompts, params)]
-            kv_heads = engine.info["num_kv_heads"]
+            kv_heads = engine.info.num_kv_heads
     assert kv_heads == 4  # every query head has its own KV head now
     assert outputs["mha"] == outputs["native"]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -26,7 +27,7 @@ def test_sharded_checkpoint_loads_and_matches(tiny_llama_dir, tmp_path):
 def test_folder_without_tokenizer_serves_token_ids_only(tiny_llama_dir):
     with Engine(EngineConfig(model=tiny_llama_dir)) as engine:
         assert engine.tokenizer is None
-        assert any("tokenizer" in notice for notice in engine.info["notices"])
+        assert any("tokenizer" in notice for notice in engine.info.notices)
         assert len(engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids) == 4
         with pytest.raises(RequestError, match="token ids"):
             engine.generate("text needs a tokenizer")
@@ -71,8 +72,8 @@ def test_curated_models_are_well_formed():
 def test_info_describes_the_loaded_model(tiny_model_dirs):
     with Engine(EngineConfig(model=tiny_model_dirs["qwen3-qk-norm"])) as engine:
         info = engine.info
-    assert info["architecture"] == "Qwen3ForCausalLM" and info["backend"] == "native"
-    assert info["num_params"] == sum(p.numel() for p in
+    assert info.architecture == "Qwen3ForCausalLM" and info.backend == "native"
+    assert info.num_params == sum(p.numel() for p in
                                      AutoModelForCausalLM.from_pretrained(tiny_model_dirs["qwen3-qk-norm"]).parameters())
-    assert info["dtype"] == "float32" and info["load_seconds"] > 0
-    assert json.dumps(info)
+    assert info.dtype == "float32" and info.load_seconds > 0
+    assert json.dumps(dataclasses.asdict(info))

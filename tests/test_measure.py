@@ -1,4 +1,4 @@
-"""`engine.measure`: what the bench and the playground's Compare and Benchmark tabs share.
+"""`engine.tools.measure`: what the bench and the playground's Compare and Benchmark tabs share.
 
 Cancelling a run sends nothing more, cancels what is in flight and returns only once every request it
 sent has finished; each finished request is reported as it ends; the sampling settings reach every
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from engine import BenchRequest, Engine, EngineConfig, WorkloadSpec, bench_report, measure_engine
-from engine.measure import send
+from engine.tools.measure import send
 from tests.engine_waits import wait_for_steps, wait_until_idle
 
 
@@ -49,14 +49,14 @@ def test_a_cancelled_send_stops_sending_cancels_what_runs_and_leaves_nothing_run
     assert all(o.finish_reason == "cancelled" and len(o.token_ids) < 400 for o in sent)
     assert sorted(finished) == sorted((i, "cancelled") for i, o in enumerate(outputs) if o is not None)
     stats = wait_until_idle(engine)
-    assert stats["num_running"] == 0 and stats["num_waiting"] == 0
+    assert stats.num_running == 0 and stats.num_waiting == 0
 
 
 def test_a_cancelled_measurement_counts_only_finished_requests(engine):
     result = measure_engine(engine, WorkloadSpec(num_prompts=4), 2, 0.0, True, warmup=False,
                             requests=long_requests(4), cancel=cancel_after_steps(engine, 5))
     assert result["completed"] == 0 and result["cancelled_requests"] == 4 and result["total_output_tokens"] == 0
-    assert wait_until_idle(engine)["num_running"] == 0
+    assert wait_until_idle(engine).num_running == 0
 
 
 def test_every_request_is_reported_as_it_finishes_and_sampling_reaches_each_one(engine):
@@ -91,4 +91,4 @@ def test_peak_running_and_preemptions_cover_the_measured_run_only(engine):
     narrow = measure_engine(engine, WorkloadSpec(num_prompts=3), 1, 0.0, True, warmup=False,
                             requests=long_requests(3, max_tokens=6))
     assert wide["peak_running"] == 2 and narrow["peak_running"] == 1
-    assert engine.stats()["peak_running"] == 2 and narrow["num_preemptions"] == 0
+    assert engine.stats().peak_running == 2 and narrow["num_preemptions"] == 0

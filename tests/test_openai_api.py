@@ -152,16 +152,16 @@ def test_a_client_that_disconnects_cancels_its_request(served):
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.readline().startswith(b"data: ")
     deadline = time.monotonic() + 30
-    while engine.stats()["num_running"] and time.monotonic() < deadline:
+    while engine.stats().num_running and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert engine.stats()["num_running"] == 0
+    assert engine.stats().num_running == 0
     decoded = sum(step.num_decode_tokens for step in engine.step_history(since=started))
     assert decoded < 199, "the request ran to its end although its client had gone"
     assert served.client.models.list().data  # the server keeps serving
 
 
 def test_the_bench_can_target_the_endpoint(served, tmp_path):
-    from engine.bench import main
+    from engine.tools.bench import main
 
     report = tmp_path / "endpoint.json"
     code = main(["--endpoint", served.url + "v1", "--model", served.model, "--num-prompts", "4", "--input-len", "8",

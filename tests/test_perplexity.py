@@ -52,10 +52,10 @@ def demo_perplexity(demo_engine):
 
 def test_demo_perplexity_equals_transformers(demo_engine, demo_perplexity):
     texts = held_out_texts()
-    reference = transformers_perplexity(demo_engine.info["path"], texts)
+    reference = transformers_perplexity(demo_engine.info.path, texts)
     assert demo_perplexity.perplexity == pytest.approx(reference, rel=1e-4)
     assert demo_perplexity.tokens > 10_000 and demo_perplexity.source == "demo held-out text"
-    assert demo_engine.stats()["kv_blocks_free"] == demo_engine.stats()["kv_blocks_total"]  # scratch blocks freed
+    assert demo_engine.stats().kv_blocks_free == demo_engine.stats().kv_blocks_total  # scratch blocks freed
 
 
 def test_default_figure_is_cached(demo_engine, demo_perplexity):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from engine import EngineConfig, RequestError, RequestMetrics, StepRecord, list_presets, load_preset
+from engine import EngineConfig, EngineStats, RequestError, RequestMetrics, StepRecord, list_presets, load_preset
 from playground import charts
 from playground.charts import SessionActivity
 from playground.conversation import Conversation, Exchange, PromptTooLong, fit_prompt
@@ -21,6 +21,7 @@ from playground.form import FORM_FIELDS, config_to_form, enforce_caps, extras_of
 from playground.params import parse_sampling
 from playground.pool import EnginePool, OverBudget
 from playground.settings import Settings
+from tests.reference_figures import engine_info
 
 # ----- engine pool ---------------------------------------------------------------------------
 
@@ -349,13 +350,13 @@ def test_reply_figures_follow_the_metric_definitions():
 
 def test_configuration_summaries_say_what_each_backend_really_does():
     native = EngineConfig().to_dict()
-    assert "paged KV/16 + prefix cache" in config_summary(native, {"backend": "native", "attention": "sdpa"})
+    assert "paged KV/16 + prefix cache" in config_summary(native, engine_info(attention="sdpa"))
     hf_static = EngineConfig(backend="hf", batching="static", max_num_seqs=1).to_dict()
-    summary = config_summary(hf_static, {"backend": "hf", "attention": "transformers sdpa"})
+    summary = config_summary(hf_static, engine_info(backend="hf", attention="transformers sdpa"))
     assert "paged" not in summary and "prefix" not in summary and "generate static ×1" in summary
     assert "hf backend" in summary and "attention transformers sdpa" in summary
     hf_continuous = EngineConfig(backend="hf").to_dict()
-    assert "transformers paged KV/16 + block sharing" in config_summary(hf_continuous, {"backend": "hf"})
+    assert "transformers paged KV/16 + block sharing" in config_summary(hf_continuous, engine_info(backend="hf"))
     assert config_tag(hf_static) == "demo · hf · generate static ×1"
 
 
@@ -382,8 +383,8 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
 
 
 def test_memory_chart_shows_each_figure_of_this_engine_and_the_process_apart():
-    stats = {"weights_bytes": 26 * 2**20, "kv_cache_bytes": 384 * 2**20, "kv_cache_used_bytes": 96 * 2**10,
-             "kv_blocks_total": 2048, "kv_blocks_free": 2047, "peak_memory_bytes": 900 * 2**20}
+    stats = EngineStats(weights_bytes=26 * 2**20, kv_cache_bytes=384 * 2**20, kv_cache_used_bytes=96 * 2**10,
+                        kv_blocks_total=2048, kv_blocks_free=2047, peak_memory_bytes=900 * 2**20)
     shown = charts.memory_html(stats, 850 * 2**20, "demo · native")
     assert "26.0 MiB" in shown and "384.0 MiB" in shown and "96.0 KiB" in shown and "1 of 2048 blocks" in shown
     assert "width:1.00%" in shown, "a few KV blocks in use must still draw a visible bar"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from engine.bench import main as bench_main
 from engine.overrides import parse_sets
-from engine.precision_table import default_rows
-from engine.precision_table import main as table_main
+from engine.tools.bench import main as bench_main
+from engine.tools.precision_table import default_rows
+from engine.tools.precision_table import main as table_main
 
 
 def test_bench_perplexity_is_printed_and_written(tiny_chat_dir, tmp_path, capsys):
@@ -54,7 +54,7 @@ def test_table_times_a_checkpoint_without_a_tokenizer(tiny_llama_dir, tmp_path):
 
 def test_gpu_check_leaves_out_the_levels_it_is_told_to_skip():
     """`python -m engine.gpu_check --skip-levels` (e.g. a level that compiles CUDA kernels for minutes)."""
-    from engine.gpu_check import precision_rows
+    from engine.tools.gpu_check import precision_rows
 
     skipped = {"quanto-int4", "torchao-int4"}
     demo, decode = precision_rows(set())

@@ -38,7 +38,7 @@ def test_cuda_level_reports_the_bytes_it_estimated(quantizable_chat_dir, level):
                                         max_model_len=256, kv_cache_bytes=2**22)).weights_bytes
     with Engine(config) as engine:
         engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
-        assert engine.stats()["weights_bytes"] == estimate.weights_bytes < full
+        assert engine.stats().weights_bytes == estimate.weights_bytes < full
         assert math.isfinite(engine.perplexity().perplexity)
 
 

@@ -23,9 +23,9 @@ from engine import (
     estimate_memory,
     unavailable_reason,
 )
-from engine.gpu_check import agreement
 from engine.quant.levels import LEVELS
 from engine.quant.methods import check_level
+from engine.tools.gpu_check import agreement
 from tests.tiny_models import COMMON, build_tiny_model
 
 DEMO_QUESTIONS = ["What does the json module do?", "Explain the `os.path.join` function.",
@@ -56,7 +56,7 @@ def demo_weights() -> dict[str, int]:
     sizes = {}
     for level in ("none", "int8", "nf4"):
         with Engine(EngineConfig(model="demo", dtype="float32", quantization=level, kv_cache_bytes=2**24)) as engine:
-            sizes[level] = engine.stats()["weights_bytes"]
+            sizes[level] = engine.stats().weights_bytes
     return sizes
 
 
@@ -77,9 +77,9 @@ def test_estimate_equals_the_real_quantized_bytes(tiny_llama_dir, level, backend
         greedy(engine, [[5, 6, 7]], 2)  # some libraries re-lay or move scales at the first call
         stats, info = engine.stats(), engine.info
     unquantized = estimate_memory(config.replace(quantization="none"))
-    assert stats["weights_bytes"] == estimate.weights_bytes < unquantized.weights_bytes
-    assert info["quantization"] == level
-    assert info["num_params"] == tiny_llama_params(tiny_llama_dir)  # parameters as trained, not packed elements
+    assert stats.weights_bytes == estimate.weights_bytes < unquantized.weights_bytes
+    assert info.quantization == level
+    assert info.num_params == tiny_llama_params(tiny_llama_dir)  # parameters as trained, not packed elements
 
 
 @pytest.mark.parametrize("level", FAST_CPU_LEVELS)
@@ -166,7 +166,7 @@ def test_estimate_holds_off_the_fast_layouts(odd_widths_dir, level):
     config = EngineConfig(model=odd_widths_dir, dtype="float32", quantization=level, kv_cache_bytes=2**20)
     with Engine(config) as engine:
         greedy(engine, [[5, 6, 7]], 2)
-        assert engine.stats()["weights_bytes"] == estimate_memory(config).weights_bytes
+        assert engine.stats().weights_bytes == estimate_memory(config).weights_bytes
 
 
 def test_crashing_shape_is_refused_before_it_runs(odd_widths_dir):

@@ -25,6 +25,7 @@ from engine import engine as engine_module
 from engine.core import detokenizer as detokenizer_module
 from engine.core import threads as threads_module
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from engine.testing import EngineProbe
 from tests.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 
 
@@ -93,7 +94,7 @@ def test_one_failing_request_does_not_end_its_neighbours(engine, monkeypatch):
     bad = forced.result()
     assert bad.finish_reason == "error" and "broken detokenizer" in bad.error
     stats = engine.stats()
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"], "the failed request's blocks were freed"
+    assert stats.kv_blocks_free == stats.kv_blocks_total, "the failed request's blocks were freed"
 
 
 def test_a_failed_start_releases_the_loop_thread_and_the_model(tiny_llama_dir, monkeypatch):
@@ -126,8 +127,8 @@ def test_the_smallest_context_serves(tiny_llama_dir):
 
 def test_close_frees_the_model_and_says_so(tiny_llama_dir):
     engine = Engine(EngineConfig(model=tiny_llama_dir))
-    weights = weakref.ref(next(engine._backend.executor.runner.model.parameters()))
-    cache = weakref.ref(engine._backend.executor.runner.kv_cache.storage)
+    weights = weakref.ref(next(EngineProbe(engine).model().parameters()))
+    cache = weakref.ref(EngineProbe(engine).kv_storage())
     pending = engine.submit([5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True))
     engine.close()
     output = pending.result()
@@ -137,7 +138,7 @@ def test_close_frees_the_model_and_says_so(tiny_llama_dir):
     if output.finish_reason == "aborted":
         assert "closed" in output.error
     stats = engine.stats()
-    assert stats["closed"] is True and stats["kv_cache_bytes"] == 0
+    assert stats.closed is True and stats.kv_cache_bytes == 0
     with pytest.raises(RequestError, match="closed"):
         engine.submit([1, 2])
 
@@ -174,7 +175,7 @@ def test_the_hf_backend_refuses_pickled_checkpoints(tiny_llama_dir, tmp_path):
 def test_a_caller_that_sees_its_request_finished_sees_its_blocks_free(engine, monkeypatch):
     """The final delta is published once the request's KV blocks are free. Before, `stats()` right after
     `generate()` could still count them in use (the loop frees them later in the step): a flaky test elsewhere."""
-    scheduler = engine._backend.scheduler
+    scheduler = EngineProbe(engine).scheduler()
     complete_step = scheduler.complete_step
 
     def slow_complete_step(items):
@@ -184,7 +185,7 @@ def test_a_caller_that_sees_its_request_finished_sees_its_blocks_free(engine, mo
     monkeypatch.setattr(scheduler, "complete_step", slow_complete_step)
     engine.generate("The engine", SamplingParams(max_tokens=3, ignore_eos=True))
     stats = engine.stats()
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["num_running"] == 0
+    assert stats.kv_blocks_free == stats.kv_blocks_total and stats.num_running == 0
 
 
 @pytest.mark.parametrize("backend", ["native", "hf", "auto"])
@@ -205,7 +206,7 @@ def test_remote_code_in_a_model_folder_is_never_run(backend, tmp_path):
 def test_the_engines_threads_leave_ctrl_c_to_the_main_thread(engine):
     """The kernel may hand a process's SIGINT to any thread that does not block it; Python only acts on it in the
     main thread, so a helper thread that took it would leave a sleeping main thread asleep (engine.core.threads)."""
-    blocked = engine._on_loop(lambda backend: signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    blocked = EngineProbe(engine).on_loop(lambda backend: signal.pthread_sigmask(signal.SIG_BLOCK, []))
     assert {signal.SIGINT, signal.SIGTERM} <= blocked
 
 
@@ -214,13 +215,13 @@ def test_the_model_loads_on_a_thread_that_has_ended_when_the_engine_is_ready(tin
     thread's, it made libgomp put its threads to sleep between regions (engine.core.threads.run_on_passing_thread):
     the caller's thread must not be the one that loads."""
     loaded_on = []
-    make_backend = engine_module._make_backend
+    make_backend = engine_module.make_backend
 
     def recording(*args):
         loaded_on.append(threading.current_thread())
         return make_backend(*args)
 
-    monkeypatch.setattr(engine_module, "_make_backend", recording)
+    monkeypatch.setattr(engine_module, "make_backend", recording)
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as loaded:
         assert loaded.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))[0].finish_reason == "length"
         assert loaded_on[0] is not threading.current_thread() and not loaded_on[0].is_alive()
@@ -230,7 +231,7 @@ def test_a_failed_load_raises_its_own_error_in_the_caller(tiny_llama_dir, monkey
     def failing(*args):
         raise ModelLoadError("the weights are unreadable")
 
-    monkeypatch.setattr(engine_module, "_make_backend", failing)
+    monkeypatch.setattr(engine_module, "make_backend", failing)
     with pytest.raises(ModelLoadError, match="unreadable"):
         Engine(EngineConfig(model=tiny_llama_dir, dtype="float32"))
 
@@ -255,10 +256,11 @@ def test_a_result_that_comes_after_the_caller_gave_up_is_discarded(monkeypatch):
 CTRL_C_ELSEWHERE = CTRL_C_AS_IN_A_TERMINAL + """
 import signal, sys, threading, time
 from engine import Engine, EngineConfig, SamplingParams
+from engine.testing import EngineProbe
 engine = Engine(EngineConfig(model=sys.argv[1]))
 stalled = threading.Event()
 stall = lambda backend: (stalled.set(), time.sleep(5))  # the loop busy: no tokens for 5 s
-threading.Thread(target=engine._on_loop, args=(stall,), daemon=True).start()
+threading.Thread(target=EngineProbe(engine).on_loop, args=(stall,), daemon=True).start()
 stalled.wait()
 handle = engine.submit([5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True))
 
@@ -292,11 +294,12 @@ def test_an_idle_loop_thread_ends_and_work_starts_another(tiny_llama_dir):
     """An idle engine holds no thread (and so no OpenMP pool: several loaded engines' pools made libgomp park its
     threads between every operator of the one that works); the next request is served as before."""
     with Engine(EngineConfig(model=tiny_llama_dir, dtype="float32")) as idle:
-        first = idle._on_loop(lambda backend: threading.current_thread())
+        probe = EngineProbe(idle)
+        first = probe.on_loop(lambda backend: threading.current_thread())
         deadline = time.monotonic() + 10
         while first.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not first.is_alive() and idle._loop is None
+        assert not first.is_alive() and probe.loop_thread() is None
         output = idle.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
         assert output.finish_reason == "length" and len(output.token_ids) == 3
-        assert idle._on_loop(lambda backend: threading.current_thread()) is not first
+        assert probe.on_loop(lambda backend: threading.current_thread()) is not first

@@ -10,10 +10,10 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams, StepRecord
-from engine.bench import main
 from engine.hub import load_hf_config
 from engine.model.spec import ModelSpec
-from engine.roofline import (
+from engine.tools.bench import main
+from engine.tools.roofline import (
     DeviceCeilings,
     ModelWork,
     StepWork,

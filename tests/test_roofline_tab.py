@@ -7,7 +7,7 @@ import re
 import pytest
 
 from engine import Engine, EngineConfig, StepRecord, engine_roofline
-from engine.roofline import DeviceCeilings, ModelWork, analyze
+from engine.tools.roofline import DeviceCeilings, ModelWork, analyze
 from playground.roofline_chart import LogAxes, roofline_summary_html, roofline_svg
 from playground.roofline_tab import EVERYTHING, PROBE, PROBE_BATCHES, RooflineTab, roofline_view, run_probe
 from playground.serve import create_playground

@@ -21,9 +21,9 @@ def test_estimate_matches_the_loaded_engine(tiny_llama_dir, settings, kv_tokens)
     with Engine(config) as engine:
         stats = engine.stats()
     assert kv_bytes_per_token(tiny_llama_dir, 4) == KV_BYTES_PER_TOKEN
-    assert estimate.weights_bytes == stats["weights_bytes"] == checkpoint_bytes(tiny_llama_dir)
-    assert estimate.kv_cache_bytes == stats["kv_cache_bytes"] == kv_tokens * KV_BYTES_PER_TOKEN
-    assert estimate.total_bytes == stats["weights_bytes"] + stats["kv_cache_bytes"]
+    assert estimate.weights_bytes == stats.weights_bytes == checkpoint_bytes(tiny_llama_dir)
+    assert estimate.kv_cache_bytes == stats.kv_cache_bytes == kv_tokens * KV_BYTES_PER_TOKEN
+    assert estimate.total_bytes == stats.weights_bytes + stats.kv_cache_bytes
 
 
 def test_estimate_follows_dtype(tiny_llama_dir):

@@ -8,10 +8,11 @@ import re
 
 import pytest
 
-from engine.bench import build_config, main
-from engine.config import PRESETS_DIR
-from engine.measure import speculative_figures
-from engine.workloads import read_jsonl_prompts
+from engine import EngineStats
+from engine.presets import PRESETS_DIR
+from engine.tools.bench import build_config, main
+from engine.tools.measure import speculative_figures
+from engine.tools.workloads import read_jsonl_prompts
 from tests.spec_support import build_llama, build_truncated_draft
 from tests.tiny_models import VOCAB
 
@@ -40,10 +41,10 @@ def test_cli_reports_acceptance_of_the_measured_requests(tmp_path):
 
 
 def test_warm_up_verifications_are_not_counted():
-    before = {"spec_num_drafts": 3, "spec_num_draft_tokens": 12, "spec_num_accepted_tokens": 5,
-              "spec_accepted_per_position": [3, 1, 1, 0]}
-    after = {"spec_num_drafts": 13, "spec_num_draft_tokens": 52, "spec_num_accepted_tokens": 25,
-             "spec_accepted_per_position": [10, 7, 5, 3]}
+    before = EngineStats(spec_num_drafts=3, spec_num_draft_tokens=12, spec_num_accepted_tokens=5,
+                         spec_accepted_per_position=(3, 1, 1, 0))
+    after = EngineStats(spec_num_drafts=13, spec_num_draft_tokens=52, spec_num_accepted_tokens=25,
+                        spec_accepted_per_position=(10, 7, 5, 3))
     figures = speculative_figures(before, after, speculative=True)
     assert figures["spec_decode_num_drafts"] == 10 and figures["spec_decode_draft_tokens"] == 40
     assert figures["spec_acceptance_rate"] == 0.5 and figures["spec_decode_acceptance_length"] == 3.0

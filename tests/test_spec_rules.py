@@ -12,9 +12,9 @@ from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.model.sampler import SamplingTensors, counter_uniform, sample, sample_from
 from engine.sampling_params import SamplingParams
-from engine.spec.ngram import NgramIndex
-from engine.spec.speculator import Speculator
-from engine.spec.verify import STREAM_DRAFT, verify
+from engine.speculative.ngram import NgramIndex
+from engine.speculative.speculator import Speculator
+from engine.speculative.verify import STREAM_DRAFT, verify
 from tests.spec_support import chi_square_p_value
 
 VOCAB = 6

@@ -14,9 +14,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from engine import ConfigError, Engine, EngineConfig, ModelLoadError, SamplingParams, estimate_memory
+from engine.hub import curated_draft
 from engine.model.spec import ModelSpec
 from engine.runner.kv_cache import bytes_per_block
-from engine.spec.draft import resolve_draft_name
+from engine.testing import EngineProbe
 from tests.spec_support import build_llama, build_truncated_draft, chi_square_p_value
 from tests.test_engine_api import wait_until_idle
 from tests.tiny_models import VOCAB, build_tiny_tokenizer
@@ -77,9 +78,9 @@ def test_greedy_output_is_identical_with_and_without_speculation(pair, setting):
     assert with_draft == plain
     assert with_ngram == plain
     for stats in (draft_stats, ngram_stats):
-        assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"], "partly accepted proposals"
-        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    assert draft_stats["draft_kv_blocks_free"] == draft_stats["draft_kv_blocks_total"] > 0
+        assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens, "partly accepted proposals"
+        assert stats.kv_blocks_free == stats.kv_blocks_total
+    assert draft_stats.draft_kv_blocks_free == draft_stats.draft_kv_blocks_total > 0
 
 
 def test_greedy_output_is_identical_under_preemption(pair):
@@ -91,10 +92,10 @@ def test_greedy_output_is_identical_under_preemption(pair):
     with_draft, draft_stats = run(target, "draft", draft, **settings)
     with_ngram, ngram_stats = run(target, "ngram", None, **settings)
     assert with_draft == plain and with_ngram == plain
-    assert draft_stats["num_preemptions"] > 0 and ngram_stats["num_preemptions"] > 0
-    assert draft_stats["spec_num_accepted_tokens"] > 0
-    assert draft_stats["kv_blocks_free"] == draft_stats["kv_blocks_total"]
-    assert draft_stats["draft_kv_blocks_free"] == draft_stats["draft_kv_blocks_total"]
+    assert draft_stats.num_preemptions > 0 and ngram_stats.num_preemptions > 0
+    assert draft_stats.spec_num_accepted_tokens > 0
+    assert draft_stats.kv_blocks_free == draft_stats.kv_blocks_total
+    assert draft_stats.draft_kv_blocks_free == draft_stats.draft_kv_blocks_total
 
 
 # ---- sampling: the output distribution is the target's ---------------------------------------------
@@ -143,7 +144,7 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab_pair, specula
         outputs = engine.generate([prompt] * SAMPLES, SamplingParams(max_tokens=length, temperature=temperature,
                                                                      top_k=top_k, ignore_eos=True))
         stats = engine.stats()
-    assert 0 < stats["spec_num_accepted_tokens"] < stats["spec_num_draft_tokens"]
+    assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
     codes = torch.tensor([sum(t * SMALL_VOCAB ** (length - 1 - i) for i, t in enumerate(o.token_ids))
                           for o in outputs])
     counts = torch.bincount(codes, minlength=SMALL_VOCAB ** length).double()
@@ -153,7 +154,7 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab_pair, specula
 def test_draft_proposals_are_the_drafts_own_greedy_continuation(pair, monkeypatch):
     """The draft's paged K/V (caught up, rolled back after rejections, shared through the prefix cache and
     recomputed after preemption) gives the same proposals as running the draft afresh on the context."""
-    from engine.spec.draft import DraftModelProposer
+    from engine.speculative.draft import DraftModelProposer
 
     target, draft = pair
     records = []
@@ -180,7 +181,7 @@ def test_draft_proposals_are_the_drafts_own_greedy_continuation(pair, monkeypatc
     max_model_len, block_size = 80, 4
     _, stats = run(target, "draft", draft, max_model_len=max_model_len, block_size=block_size,
                    kv_cache_bytes=pair_budget(target, draft, max_model_len, block_size))
-    assert stats["num_preemptions"] > 0 and stats["prefix_cache_hit_rate"] > 0
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hit_rate > 0
     model = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     assert len(records) > 50
@@ -213,16 +214,14 @@ def test_cancelling_mid_speculation_frees_every_block_of_both_models(pair):
             while next(stream).metrics.spec_drafts == 0:  # cancel only once proposals were verified
                 pass
         busy = engine.stats()
-        assert busy["kv_blocks_free"] < busy["kv_blocks_total"]
-        assert busy["draft_kv_blocks_free"] < busy["draft_kv_blocks_total"]
+        assert busy.kv_blocks_free < busy.kv_blocks_total
+        assert busy.draft_kv_blocks_free < busy.draft_kv_blocks_total
         for stream in streams:
             stream.close()
         stats = wait_until_idle(engine, timeout=30.0)
-        assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-        assert stats["draft_kv_blocks_free"] == stats["draft_kv_blocks_total"]
-        backend = engine._backend
-        assert not backend.block_manager.tables and not backend.speculator.proposal_probs
-        assert not backend.speculator.proposer.written
+        assert stats.kv_blocks_free == stats.kv_blocks_total
+        assert stats.draft_kv_blocks_free == stats.draft_kv_blocks_total
+        assert set(EngineProbe(engine).request_leftovers().values()) == {0}
         after = engine.generate(PROMPTS[0], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     plain, _ = run(target, "off", None, prompts=[PROMPTS[0]], max_tokens=8)
     assert after.token_ids == plain[0]
@@ -238,14 +237,14 @@ def test_statistics_add_up(pair):
     proposed = sum(o.metrics.spec_proposed for o in outputs)
     accepted = sum(o.metrics.spec_accepted for o in outputs)
     drafts = sum(o.metrics.spec_drafts for o in outputs)
-    assert proposed == stats["spec_num_draft_tokens"] == sum(s.spec_proposed for s in steps) > 0
-    assert accepted == stats["spec_num_accepted_tokens"] == sum(s.spec_accepted for s in steps) > 0
-    assert drafts == stats["spec_num_drafts"]
-    assert stats["spec_acceptance_rate"] == pytest.approx(accepted / proposed)
-    assert stats["spec_mean_accepted_tokens"] == pytest.approx(accepted / drafts)
-    per_position = stats["spec_accepted_per_position"]
+    assert proposed == stats.spec_num_draft_tokens == sum(s.spec_proposed for s in steps) > 0
+    assert accepted == stats.spec_num_accepted_tokens == sum(s.spec_accepted for s in steps) > 0
+    assert drafts == stats.spec_num_drafts
+    assert stats.spec_acceptance_rate == pytest.approx(accepted / proposed)
+    assert stats.spec_mean_accepted_tokens == pytest.approx(accepted / drafts)
+    per_position = stats.spec_accepted_per_position
     assert len(per_position) == 3 and sum(per_position) == accepted
-    assert per_position == sorted(per_position, reverse=True), "position j is accepted only after j - 1"
+    assert list(per_position) == sorted(per_position, reverse=True), "position j is accepted only after j - 1"
     assert sum(s.num_output_tokens for s in steps) == len(PROMPTS) * MAX_TOKENS
     assert max(s.num_output_tokens - s.spec_accepted for s in steps) <= len(PROMPTS), "one unproposed token each"
     verifying = [s for s in steps if s.spec_proposed]
@@ -258,10 +257,10 @@ def test_num_speculative_tokens_bounds_proposals(pair):
     target, draft = pair
     _, one = run(target, "draft", draft, num_speculative_tokens=1)
     _, four = run(target, "draft", draft, num_speculative_tokens=4)
-    assert one["spec_num_draft_tokens"] == one["spec_num_drafts"]
-    assert len(one["spec_accepted_per_position"]) == 1 and len(four["spec_accepted_per_position"]) == 4
-    assert four["spec_num_draft_tokens"] > 3 * four["spec_num_drafts"]
-    assert four["spec_mean_accepted_tokens"] > one["spec_mean_accepted_tokens"]
+    assert one.spec_num_draft_tokens == one.spec_num_drafts
+    assert len(one.spec_accepted_per_position) == 1 and len(four.spec_accepted_per_position) == 4
+    assert four.spec_num_draft_tokens > 3 * four.spec_num_drafts
+    assert four.spec_mean_accepted_tokens > one.spec_mean_accepted_tokens
 
 
 def test_memory_estimate_includes_the_draft(pair):
@@ -272,17 +271,17 @@ def test_memory_estimate_includes_the_draft(pair):
     alone = estimate_memory(config.replace(speculative="off", draft_model=None))
     with Engine(config) as engine:
         stats = engine.stats()
-    assert estimate.weights_bytes == stats["weights_bytes"] > alone.weights_bytes
-    assert estimate.kv_cache_bytes == stats["kv_cache_bytes"] <= 2**20
-    assert 0 < stats["draft_weights_bytes"] < stats["weights_bytes"] - stats["draft_weights_bytes"]
-    assert 0 < stats["draft_kv_cache_bytes"] < stats["kv_cache_bytes"]
+    assert estimate.weights_bytes == stats.weights_bytes > alone.weights_bytes
+    assert estimate.kv_cache_bytes == stats.kv_cache_bytes <= 2**20
+    assert 0 < stats.draft_weights_bytes < stats.weights_bytes - stats.draft_weights_bytes
+    assert 0 < stats.draft_kv_cache_bytes < stats.kv_cache_bytes
 
 
 def test_the_demo_target_takes_its_curated_draft():
     with Engine(EngineConfig(model="demo", speculative="draft")) as engine:
-        assert engine.info["draft_model"] == "demo-draft"
-        assert 0 < engine.info["draft_num_params"] < engine.info["num_params"]
-    assert resolve_draft_name(EngineConfig(model="assets/models/demo-chat", speculative="draft")) == "demo-draft"
+        assert engine.info.draft_model == "demo-draft"
+        assert 0 < engine.info.draft_num_params < engine.info.num_params
+    assert curated_draft("assets/models/demo-chat") == "demo-draft"
 
 
 def test_incompatible_drafts_are_refused(pair, tmp_path):

@@ -27,8 +27,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, estimate_memory, unavailable_reason
-from engine.config import cpu_cores, tensor_parallel_reason
+from engine.config import tensor_parallel_reason
+from engine.host import cpu_cores
 from engine.runner.tp_executor import HEARTBEAT_TIMEOUT
+from engine.testing import EngineProbe
 from tests.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 from tests.tiny_models import VOCAB
 
@@ -131,8 +133,8 @@ def test_gqa_two_ranks_equal_one_with_prefix_caching_and_chunked_prefill(gqa_eng
     _, engines, outputs = gqa_engines
     assert outputs[2] == outputs[1]
     stats = engines[2].stats()
-    assert stats["prefix_cache_hit_rate"] > 0
-    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert stats.prefix_cache_hit_rate > 0
+    assert stats.kv_blocks_free == stats.kv_blocks_total
 
 
 def test_gqa_two_ranks_equal_one_static_contiguous(tiny_model_dirs):
@@ -154,31 +156,31 @@ def test_mha_and_replicated_kv_two_ranks_equal_one(arch, tiny_model_dirs):
 def test_stats_show_each_rank_and_the_collectives(gqa_engines):
     _, engines, _ = gqa_engines
     one = engines[1].stats()
-    assert one["tensor_parallel_size"] == 1 and one["rank_pids"] == [os.getpid()]
-    assert one["collective_seconds"] == 0 and one["collective_share"] == 0
+    assert one.tensor_parallel_size == 1 and one.rank_pids == (os.getpid(),)
+    assert one.collective_seconds == 0 and one.collective_share == 0
     # ranks other than 0 report with their heartbeats, twice a second
-    assert wait_until(lambda: all(s > 0 for s in engines[2].stats()["rank_collective_seconds"]), 2)
+    assert wait_until(lambda: all(s > 0 for s in engines[2].stats().rank_collective_seconds), 2)
     two = engines[2].stats()
-    assert two["tensor_parallel_size"] == 2
-    assert len(two["rank_weights_bytes"]) == len(two["rank_kv_cache_bytes"]) == len(two["rank_pids"]) == 2
-    assert os.getpid() not in two["rank_pids"]
-    assert two["rank_threads"] == [max(1, torch.get_num_threads() // 2)] * 2  # the cores are shared out
+    assert two.tensor_parallel_size == 2
+    assert len(two.rank_weights_bytes) == len(two.rank_kv_cache_bytes) == len(two.rank_pids) == 2
+    assert os.getpid() not in two.rank_pids
+    assert two.rank_threads == (max(1, torch.get_num_threads() // 2),) * 2  # the cores are shared out
     # Each rank holds about half the weights (norms are replicated) and exactly half the KV heads.
-    for weights in two["rank_weights_bytes"]:
-        assert one["weights_bytes"] / 2 <= weights < one["weights_bytes"] * 0.51
-    assert two["rank_kv_cache_bytes"] == [one["kv_cache_bytes"] // 2] * 2
-    assert two["kv_blocks_total"] == one["kv_blocks_total"]
-    assert two["collective_seconds"] == two["rank_collective_seconds"][0] > 0
-    assert 0 < two["collective_share"] < 1
+    for weights in two.rank_weights_bytes:
+        assert one.weights_bytes / 2 <= weights < one.weights_bytes * 0.51
+    assert two.rank_kv_cache_bytes == (one.kv_cache_bytes // 2,) * 2
+    assert two.kv_blocks_total == one.kv_blocks_total
+    assert two.collective_seconds == two.rank_collective_seconds[0] > 0
+    assert 0 < two.collective_share < 1
 
 
 def test_estimate_matches_each_rank(gqa_engines):
     config, engines, _ = gqa_engines
     estimate = estimate_memory(config.replace(tensor_parallel_size=2))
     stats = engines[2].stats()
-    assert list(estimate.rank_weights_bytes) == stats["rank_weights_bytes"]
-    assert list(estimate.rank_kv_cache_bytes) == stats["rank_kv_cache_bytes"]
-    assert estimate.total_bytes == stats["weights_bytes"] + stats["kv_cache_bytes"]
+    assert estimate.rank_weights_bytes == stats.rank_weights_bytes
+    assert estimate.rank_kv_cache_bytes == stats.rank_kv_cache_bytes
+    assert estimate.total_bytes == stats.weights_bytes + stats.kv_cache_bytes
 
 
 def test_replicated_kv_heads_cost_blocks(tiny_model_dirs):
@@ -216,14 +218,14 @@ def a_late_monitor(engine: Engine, monkeypatch) -> None:
     it broke ("Connection reset by peer") then reach it together, and it must still blame rank 1."""
     from engine.runner import tp_executor
 
-    ranks = engine._backend.executor._ranks
+    processes = EngineProbe(engine).rank_processes()
     real_wait = tp_executor.connection.wait
     late = threading.Event()
 
     def late_wait(objects, timeout=None):
         if threading.current_thread().name == "tp-monitor":
             late.set()
-            real_wait([ranks[0].process.sentinel], 30)
+            real_wait([processes[0].sentinel], 30)
             timeout = 0
         return real_wait(objects, timeout)
 
@@ -233,7 +235,7 @@ def a_late_monitor(engine: Engine, monkeypatch) -> None:
 
 def lose_a_worker(engine: Engine, fault: str) -> None:
     """Kill or stop rank 1 mid-generation: the callers fail within seconds, and later requests fail at once."""
-    pids = engine.stats()["rank_pids"]
+    pids = engine.stats().rank_pids
     handles = start_long_requests(engine)
     started = time.monotonic()
     os.kill(pids[1], signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
@@ -245,7 +247,7 @@ def lose_a_worker(engine: Engine, fault: str) -> None:
     assert elapsed < (2 if fault == "killed" else HEARTBEAT_TIMEOUT + 3)
     late = engine.generate([1, 2, 3], GREEDY)[0]
     assert late.finish_reason == "error" and "build a new one" in late.error
-    assert any("model steps fail" in note for note in engine.stats()["notes"])
+    assert any("model steps fail" in note for note in engine.stats().notes)
 
 
 def test_a_lost_worker_fails_callers_fast_and_close_frees_everything(tiny_model_dirs, monkeypatch):
@@ -255,7 +257,7 @@ def test_a_lost_worker_fails_callers_fast_and_close_frees_everything(tiny_model_
     before_children, before_ports = children(), listening_ports()
     for fault in ("killed", "stopped"):
         engine = Engine(EngineConfig(model=folder, dtype="float32", tensor_parallel_size=2))
-        pids = engine.stats()["rank_pids"]
+        pids = engine.stats().rank_pids
         try:
             assert set(pids) <= children() - before_children
             assert greedy(engine, PROMPTS[:2]) == reference(folder)[:2]
@@ -279,7 +281,7 @@ PARENT = CTRL_C_AS_IN_A_TERMINAL + """
 import json, sys, time
 from engine import Engine, EngineConfig, SamplingParams
 engine = Engine(EngineConfig(model=sys.argv[1], dtype="float32", tensor_parallel_size=2))
-print(json.dumps(engine.stats()["rank_pids"]), flush=True)
+print(json.dumps(engine.stats().rank_pids), flush=True)
 engine.generate([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
 time.sleep(600)
 """
@@ -383,9 +385,9 @@ def test_speculative_decoding_verifies_on_two_ranks(speculative, demo_chats_and_
     with Engine(config) as engine:
         assert [o.token_ids for o in engine.generate(chats, SamplingParams(max_tokens=40))] == greedy
         stats = engine.stats()
-    assert stats["spec_num_draft_tokens"] > 0
-    assert stats["spec_num_accepted_tokens"] > 0
+    assert stats.spec_num_draft_tokens > 0
+    assert stats.spec_num_accepted_tokens > 0
     estimate = estimate_memory(config)
-    assert estimate.weights_bytes == stats["weights_bytes"]
-    assert estimate.kv_cache_bytes == stats["kv_cache_bytes"]
-    assert list(estimate.rank_weights_bytes) == stats["rank_weights_bytes"]
+    assert estimate.weights_bytes == stats.weights_bytes
+    assert estimate.kv_cache_bytes == stats.kv_cache_bytes
+    assert estimate.rank_weights_bytes == stats.rank_weights_bytes

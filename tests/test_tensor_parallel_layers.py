@@ -17,14 +17,13 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig
 
+from engine.model.gqa import convert_spec
 from engine.model.linear import BuildContext, RowParallelLinear
 from engine.model.parallel import ParallelContext
 from engine.model.spec import ModelSpec
-from engine.quant.gqa import convert_spec
-from engine.quant.storage import weight_storage_bytes
-from engine.runner.build import RunnerSettings, build_runner, rank_kv_spec
+from engine.quant.storage import planned_weight_bytes, weight_storage_bytes
+from engine.runner.build import RunnerSettings, build_runner, meta_model, rank_kv_spec
 from engine.runner.step_plan import SequenceChunk, StepPlan
-from engine.sizing import native_weights_bytes
 
 RANKS = 2
 BLOCK = 4
@@ -34,8 +33,8 @@ BUILD_ONE_AT_A_TIME = threading.Lock()
 def settings_for(folder: str, quantization: str = "none", gqa: str | int = "native") -> RunnerSettings:
     hf_config = AutoConfig.from_pretrained(folder)
     checkpoint = ModelSpec.from_hf_config(hf_config)
-    return RunnerSettings(folder, hf_config, convert_spec(checkpoint, gqa), checkpoint.num_kv_heads, quantization,
-                          torch.float32, "cpu", "sdpa", BLOCK, 64, 128, False, 8)
+    return RunnerSettings(folder, hf_config, convert_spec(checkpoint, gqa), quantization, torch.float32, "cpu", "sdpa",
+                          BLOCK, 64, 128, False, 8)
 
 
 def on_ranks(work, size: int = RANKS) -> list:
@@ -104,8 +103,8 @@ def test_each_rank_holds_its_share(arch, tiny_model_dirs):
 
     def shard_sizes(parallel):
         runner = build_runner(settings, parallel)
-        return weight_storage_bytes(runner.model), runner.kv_cache.nbytes, native_weights_bytes(
-            spec, torch.float32, "none", "cpu", parallel)
+        return weight_storage_bytes(runner.model), runner.kv_cache.nbytes, planned_weight_bytes(
+            meta_model(spec, torch.float32, "none", "cpu", parallel))
 
     sizes = on_ranks(shard_sizes)
     replicated = (2 * spec.num_layers + 1) * spec.hidden_size * 4  # the norms
@@ -167,8 +166,8 @@ def test_each_rank_quantizes_its_own_shard(tiny_model_dirs):
         with BUILD_ONE_AT_A_TIME:
             runner = build_runner(settings, parallel)
         return ([runner.execute(plan) for plan in PLANS], weight_storage_bytes(runner.model),
-                native_weights_bytes(spec, torch.float32, "quanto-int8", "cpu", parallel),
-                native_weights_bytes(spec, torch.float32, "none", "cpu", parallel))
+                planned_weight_bytes(meta_model(spec, torch.float32, "quanto-int8", "cpu", parallel)),
+                planned_weight_bytes(meta_model(spec, torch.float32, "none", "cpu", parallel)))
 
     quantizing_error = max((a - b).abs().max().item() for a, b in zip(whole, unquantized, strict=True))
     for logits, weights, planned, full_precision in on_ranks(shard):

@@ -76,7 +76,7 @@ def test_the_engine_apply_loads_reports_exactly_the_panels_values(running_app):
                   "max_model_len", "seed"):
         assert reported[field] == asked[field] == resolved[field], field
     stats = engine.stats()
-    assert stats["kv_block_size"] == 8 and 2 * 2**20 < stats["kv_cache_bytes"] <= 4 * 2**20
+    assert stats.kv_block_size == 8 and 2 * 2**20 < stats.kv_cache_bytes <= 4 * 2**20
     _, resolved, _ = apply(api, app, kv_layout="contiguous", prefix_caching=False, max_num_seqs=2, max_model_len=128)
     engine = loaded_engine(app, {**app.default_config, "kv_layout": "contiguous", "prefix_caching": False,
                                  "max_num_seqs": 2, "max_model_len": 128})
@@ -198,9 +198,9 @@ def test_closing_the_chat_stream_cancels_the_request(running_app):
     assert exchange.finish_reason == "cancelled" and not session.streaming
     with app.pool.lease(session.config) as entry:
         deadline = time.monotonic() + 5
-        while entry.engine.stats()["num_running"] and time.monotonic() < deadline:
+        while entry.engine.stats().num_running and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert entry.engine.stats()["num_running"] == 0
+        assert entry.engine.stats().num_running == 0
 
 
 def test_a_finished_reply_is_shown_by_one_update_the_last(running_app):

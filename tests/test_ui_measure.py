@@ -12,7 +12,7 @@ import time
 import pytest
 
 from engine import WorkloadSpec, build_workload
-from engine.bench import main as bench_main
+from engine.tools.bench import main as bench_main
 from playground.compare import FIGURE_KEYS
 from playground.settings import Settings
 from tests.engine_waits import wait_until_idle
@@ -52,7 +52,7 @@ def outputs(outcome, label):
 def engines_idle(app) -> bool:
     """Every pooled engine's requests have ended (waiting the moment the loop takes to release them), and every
     native engine has all its KV blocks back."""
-    return all(wait_until_idle(entry.engine, timeout=3.0, kv_free=entry.engine.info["backend"] == "native")
+    return all(wait_until_idle(entry.engine, timeout=3.0, kv_free=entry.engine.info.backend == "native")
                for entry in app.pool.entries())
 
 
@@ -190,7 +190,7 @@ def test_benchmark_workload_knobs_have_their_effect(running_app):
     capped, _, _ = benchmark(api, requests=8, concurrency=2, input_tokens="4:24", output_tokens="2:9", seed=1)
     spec = WorkloadSpec(num_prompts=8, input_len=4, input_len_range=(4, 24), output_len=9, output_len_range=(2, 9),
                         seed=1)
-    vocab_size = next(iter(running_app.app.pool.entries())).engine.info["vocab_size"]
+    vocab_size = next(iter(running_app.app.pool.entries())).engine.info.vocab_size
     expected = build_workload(spec, vocab_size)
     assert capped["peak_running"] <= 2, "concurrency did not cap requests in flight"
     assert capped["total_input_tokens"] == sum(len(r.prompt) for r in expected)
@@ -235,7 +235,7 @@ def test_cancel_stops_the_benchmark_cleanly_and_leaves_no_request_running(runnin
     api = client(running_app)
     job = api.submit("random", None, 64, 4, 0, "32", "256", 0, True, 0, 0, 11, api_name="/benchmark")
     deadline = time.monotonic() + 60
-    while not any(entry.engine.stats()["num_running"] for entry in running_app.app.pool.entries()):
+    while not any(entry.engine.stats().num_running for entry in running_app.app.pool.entries()):
         assert time.monotonic() < deadline, "the benchmark never started"
         time.sleep(0.05)
     time.sleep(0.5)  # some requests finish, most are in flight or not sent yet

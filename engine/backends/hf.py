@@ -12,53 +12,38 @@ metrics behave the same; only the work underneath differs:
   token, which is what the metrics use. Its sampler is one global setting, so the manager runs
   greedy requests and sampled ones go through `generate` (said in `notices`).
 
-The native-only knobs (paged vs contiguous layout, CUDA graphs, ...) have no meaning here and are
-listed in `notices` rather than silently dropped. A `quantization` level is applied through
-transformers' own quantization config for the same library (`engine/quant/levels.py`), so native
-and baseline compare like for like; checkpoints that come pre-quantized (GPTQ, AWQ) load here only,
-on a CUDA GPU with their kernels installed.
+The native-only knobs (paged vs contiguous layout, CUDA graphs, ...) have no meaning here; the plan
+lists them in its notices rather than dropping them silently, and sizes the continuous batching pages.
+A `quantization` level is applied through transformers' own quantization config for the same
+library (`engine/quant/levels.py`), so native and baseline compare like for like; checkpoints that
+come pre-quantized (GPTQ, AWQ) load here only, on a CUDA GPU with their kernels installed.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from engine.backends.base import (
-    DEFAULT_MAX_MODEL_LEN,
-    BackendInfo,
-    BackendStats,
-    StepRecord,
-    kv_budget_bytes,
-    resolve_dtype,
-    token_log_probs,
-)
-from engine.config import EngineConfig
+from engine.backends.base import token_log_probs
 from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.errors import ModelLoadError
-from engine.quant.checkpoint import check_prequantized, prequantized_method
-from engine.quant.methods import check_level
+from engine.info import EngineStats, StepRecord
+from engine.plan import EnginePlan, hf_attention_implementation
+from engine.quant.checkpoint import prequantized_method
+from engine.quant.levels import LEVELS
 from engine.quant.storage import parameter_count, weight_storage_bytes
 
-CB_MIN_PAGE_SIZE = 4
 CB_POLL_SECONDS = 0.005
 CB_STOP_TIMEOUT_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
-
-
-def _attn_implementation(config: EngineConfig) -> str:
-    """transformers' name for the attention the config asks for (the CB manager pages eager itself)."""
-    return "eager" if config.attention == "eager" else "sdpa"
 
 
 def _sampling_key(request: Request) -> tuple:
@@ -67,14 +52,6 @@ def _sampling_key(request: Request) -> tuple:
     if params.greedy:
         return ("greedy",)
     return ("sample", params.temperature, params.top_p, params.top_k, params.seed)
-
-
-def _kv_bytes_per_token(hf_config, dtype: torch.dtype) -> int:
-    text = hf_config.get_text_config()
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
 class _StepFeeder:
@@ -113,20 +90,18 @@ class _StepFeeder:
 class HFBackend:
     """Serves the engine's requests with plain transformers: `generate` or its continuous batching manager."""
 
-    def __init__(self, config: EngineConfig, path: Path, hf_config):
-        self.config = config
-        self.device = config.resolved_device
-        self.dtype = resolve_dtype(config, hf_config, self.device)
-        text_config = hf_config.get_text_config()
-        self.vocab_size = text_config.vocab_size
-        limit = getattr(text_config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
-        self.max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
+    def __init__(self, plan: EnginePlan):
+        config = plan.config
+        self.device = plan.device
+        self.dtype = plan.dtype
+        self.max_model_len = plan.max_model_len
         self.batching = config.batching
         self.max_num_seqs = config.max_num_seqs
-        self.notices: list[str] = []
         torch.manual_seed(config.seed)
-        self.model = self._load_model(config, path, hf_config)
-        self.pad_token_id = self._pad_token_id(hf_config)
+        self.model = self._load_model(plan)
+        self.num_params = parameter_count(self.model)
+        self.draft_num_params = 0
+        self.pad_token_id = self._pad_token_id(plan.hf_config)
         self._record: Callable[[StepRecord], None] = lambda step: None
         self.steps = 0
         self.peak_running = 0
@@ -137,38 +112,31 @@ class HFBackend:
         self._cb_ids: dict[str, Request] = {}
         self._cb_delivered: dict[str, int] = {}
         self._last_drain = time.perf_counter()
-        self._explain_ignored_knobs(config)
         if self.batching == "continuous":
-            self._start_manager(config, hf_config)
-        self.info = BackendInfo(
-            backend="hf", attention=f"transformers {_attn_implementation(config)}",
-            dtype=str(self.dtype).removeprefix("torch."), device=self.device,
-            num_params=parameter_count(self.model), vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len, notices=tuple(self.notices), quantization=config.quantization,
-            num_kv_heads=getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads,
-            kv_bytes_per_token=_kv_bytes_per_token(hf_config, self.dtype))
+            self._start_manager(plan)
 
     # ---- setup ---------------------------------------------------------------------------------
 
-    def _load_model(self, config: EngineConfig, path: Path, hf_config):
-        """The transformers model on its device, quantized by its library's transformers config when asked."""
+    def _load_model(self, plan: EnginePlan):
+        """The transformers model on its device, quantized by its library's transformers config when asked (the
+        plan refused a level or a pre-quantized checkpoint this device and dtype cannot take)."""
         from transformers import AutoModelForCausalLM
 
-        prequantized = prequantized_method(hf_config)
-        if prequantized:
-            check_prequantized(prequantized, self.device, config.quantization)
-        level = check_level(config.quantization, self.dtype)
+        config = plan.config
+        prequantized = prequantized_method(plan.hf_config)
+        level = LEVELS.get(config.quantization)
         options = {}
         if level is not None or prequantized:  # transformers places quantized models; `.to()` is refused for them
             options["device_map"] = {"": self.device}
         if level is not None:
             options["quantization_config"] = level.hf_config(self.dtype)
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype, trust_remote_code=False,
+            model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=self.dtype, trust_remote_code=False,
                                                          use_safetensors=True,
-                                                         attn_implementation=_attn_implementation(config), **options)
+                                                         attn_implementation=hf_attention_implementation(config),
+                                                         **options)
         except OSError as error:  # no safetensors file: pickled checkpoints are never loaded
-            raise ModelLoadError(f"cannot load safetensors weights from {path.name}: "
+            raise ModelLoadError(f"cannot load safetensors weights from {plan.path.name}: "
                                  f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from error
         except (ImportError, RuntimeError, ValueError) as error:  # a quantization backend missing or refusing
             if not (prequantized or level):
@@ -185,36 +153,13 @@ class HFBackend:
                 return value
         return 0
 
-    def _explain_ignored_knobs(self, config: EngineConfig) -> None:
-        ignored = []
-        if config.kv_layout == "contiguous":
-            ignored.append("kv_layout=contiguous (transformers manages its own cache)")
-        if self.batching == "static" and config.prefix_caching:
-            ignored.append("prefix_caching (generate has no cross-request cache)")
-        if self.batching == "static":
-            ignored.append("max_num_batched_tokens, block_size and kv_cache_bytes (generate grows its cache per call)")
-        if config.device == "cuda" or self.device == "cuda":
-            ignored.append("cuda_graphs (native engine only)")
-        if ignored:
-            self.notices.append("the hf backend ignores " + "; ".join(ignored))
-
-    def _cb_num_blocks(self, config: EngineConfig, page_size: int, hf_config) -> int:
-        block_bytes = _kv_bytes_per_token(hf_config, self.dtype) * page_size
-        one_sequence = math.ceil(self.max_model_len / page_size)
-        return max(1, kv_budget_bytes(config, one_sequence * block_bytes, self.device) // block_bytes)
-
-    def _start_manager(self, config: EngineConfig, hf_config) -> None:
+    def _start_manager(self, plan: EnginePlan) -> None:
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        page_size = max(config.block_size, CB_MIN_PAGE_SIZE)
-        if page_size != config.block_size:
-            self.notices.append(f"transformers' continuous batching needs pages of at least {CB_MIN_PAGE_SIZE} "
-                                f"tokens: using {page_size}")
-        self.notices.append("transformers' continuous batching samples greedily for the whole batch: "
-                            "requests with temperature > 0 are served by generate instead")
+        config = plan.config
         cb_config = ContinuousBatchingConfig(
-            page_size=page_size, num_blocks=self._cb_num_blocks(config, page_size, hf_config),
+            page_size=plan.block_size, num_blocks=plan.num_kv_blocks,
             max_batch_tokens=config.max_num_batched_tokens, max_requests_per_batch=config.max_num_seqs,
             allow_block_sharing=config.prefix_caching, auto_switch_to_flash=False, seed=config.seed)
         generation_config = GenerationConfig(do_sample=False, max_new_tokens=self.max_model_len, eos_token_id=-1,
@@ -401,7 +346,7 @@ class HFBackend:
             logits = self.model(input_ids=torch.tensor([token_ids], device=self.device)).logits[0, :-1]
         return token_log_probs(logits, token_ids[1:])
 
-    def stats(self) -> BackendStats:
+    def stats(self) -> EngineStats:
         cache = self._cb_cache()
         kv_bytes = used_bytes = total_blocks = free_blocks = 0
         note = ("transformers' generate grows a fresh cache per call: its size is not tracked, 0 here"
@@ -412,13 +357,13 @@ class HFBackend:
             used_bytes = max(0, kv_bytes - int(cache.compute_free_capacity(relative=False)))
             total_blocks = int(cache.num_blocks)
             free_blocks = int(total_blocks * cache.compute_free_capacity(relative=True))
-        return BackendStats(
+        return EngineStats(
             weights_bytes=weight_storage_bytes(self.model), kv_cache_bytes=kv_bytes, kv_cache_used_bytes=used_bytes,
             kv_blocks_total=total_blocks, kv_blocks_free=free_blocks,
             kv_block_size=self.manager.continuous_batching_config.page_size if self.manager else 0,
             num_running=len(self.running) + len(self._cb_ids), num_waiting=len(self.waiting),
             peak_running=self.peak_running, num_preemptions=0, prefix_cache_hit_rate=0.0, spec_acceptance_rate=0.0,
-            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps, notes=[note])
+            peak_memory_bytes=peak_memory_bytes(self.device), steps=self.steps, notes=(note,))
 
     def close(self) -> None:
         if self.manager is not None:

@@ -1,12 +1,12 @@
 """The native backend: our model, KV pool, block manager, scheduler, runner and sampler.
 
-Building it resolves everything the model's own config decides (context length, dtype, the
-KV pool's size in blocks) and refuses impossible settings with one clear message before any
-large allocation. A step is: schedule -> plan (plain data) -> execute (logits) -> sample ->
+It is built from an `EnginePlan` (`engine/plan.py`), which already resolved everything the model's
+own config decides (context length, dtype, the KV pool's size in blocks) and refused impossible
+settings before any large allocation. A step is: schedule -> plan (plain data) -> execute (logits) -> sample ->
 hand tokens to their requests -> commit computed blocks. A request whose own processing fails
 (unusable logits, a detokenizer error) fails alone; the rest of its step carries on.
 
-With speculative decoding (`engine/spec/`), a step first has the proposer suggest tokens for the
+With speculative decoding (`engine/speculative/`), a step first has the proposer suggest tokens for the
 running requests, the scheduler appends them after each request's new token, and the rejection
 rule replaces sampling: each request takes its accepted proposals plus one token of the target's.
 A draft model runs as a second native model whose KV pool shares the target's block tables.
@@ -22,184 +22,93 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from engine.backends.base import (
-    DEFAULT_MAX_MODEL_LEN,
-    BackendInfo,
-    BackendStats,
-    StepRecord,
-    kv_budget_bytes,
-    resolve_dtype,
-    token_log_probs,
-)
-from engine.config import EngineConfig, flash_attn_available, tensor_parallel_reason
+from engine.backends.base import token_log_probs
 from engine.core.block_manager import BlockManager
 from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_timing import StepProfiler
-from engine.errors import ConfigError
-from engine.model import cpu_kernels
+from engine.info import EngineStats, StepRecord
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
 from engine.model.sampler import SamplingTensors, greedy, sample
-from engine.model.spec import ModelSpec
-from engine.quant.gqa import convert_spec
+from engine.plan import EnginePlan
 from engine.quant.storage import parameter_count, weight_storage_bytes
-from engine.runner.build import RunnerSettings, build_native_model, kv_block_bytes
+from engine.runner.build import RunnerSettings, build_native_model, meta_model
 from engine.runner.cuda_graphs import DecodeGraphs
-from engine.runner.executor import LocalExecutor, make_executor
+from engine.runner.executor import Executor, LocalExecutor
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
 from engine.runner.profiler import DecodeProfile, summarize_decode
 from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
-from engine.sizing import native_meta_model
-from engine.spec.draft import DraftCheckpoint, DraftModelProposer, load_draft_checkpoint
-from engine.spec.ngram import NgramProposer
-from engine.spec.speculator import Speculator
+from engine.runner.tp_executor import TensorParallelExecutor
+from engine.speculative.draft import DraftModelProposer
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.speculator import Speculator
 
-FLASH_BLOCK_MULTIPLE = 256
 SCORING_SEQUENCE_ID = -1  # block-manager id of the window `score` runs (request ids are >= 0)
 
 log = logging.getLogger(__name__)
 
 
-def resolve_max_model_len(config: EngineConfig, spec: ModelSpec, *more_specs: ModelSpec) -> int:
-    """The context length: as configured, or the default; never past what every model (a draft too) supports."""
-    limit = min(min(s.max_position_embeddings, s.sliding_window or s.max_position_embeddings)
-                for s in (spec, *more_specs))
-    if config.max_model_len is None:
-        return min(limit, DEFAULT_MAX_MODEL_LEN)
-    if config.max_model_len > limit:
-        raise ConfigError(f"max_model_len={config.max_model_len} exceeds what this model supports ({limit} "
-                          "positions, sliding window included)")
-    return config.max_model_len
+def runner_settings(plan: EnginePlan) -> RunnerSettings:
+    """The plain, picklable part of the plan every process that holds a shard builds its runner from."""
+    config = plan.config
+    return RunnerSettings(str(plan.path), plan.hf_config, plan.spec, config.quantization, plan.dtype, plan.device,
+                          plan.attention, plan.block_size, plan.num_kv_blocks, plan.max_model_len, plan.cuda_graphs,
+                          config.max_num_seqs, plan.cpu_kernels)
 
 
-def resolve_cpu_kernels(config: EngineConfig, device: str, dtype: torch.dtype) -> tuple[bool, str | None]:
-    """Whether the model computes with the engine's CPU kernels, and why not when they were asked for."""
-    if not config.cpu_kernels or device != "cpu":
-        return False, None
-    if dtype != torch.float32:
-        return False, f"the engine's CPU kernels compute in float32; {dtype} runs the pure-PyTorch paths"
-    reason = cpu_kernels.unavailable_reason()
-    return reason is None, reason and f"pure-PyTorch CPU paths: {reason}"
+def make_executor(plan: EnginePlan) -> Executor:
+    """The model in this process for one rank, in worker processes for more."""
+    settings = runner_settings(plan)
+    if plan.config.tensor_parallel_size == 1:
+        return LocalExecutor(settings)
+    return TensorParallelExecutor(settings, plan.config.tensor_parallel_size)
 
 
-def resolve_attention(config: EngineConfig, device: str, dtype: torch.dtype, kernels: bool) -> str:
-    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256); the engine's paged
-    kernel where its CPU kernels run; else sdpa."""
-    if config.attention == "auto":
-        use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
-                     and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
-        if use_flash:
-            return "flash-attn"
-        return "cpu-kernel" if kernels else "sdpa"
-    if config.attention == "cpu-kernel" and not kernels:
-        raise ConfigError("attention='cpu-kernel' needs the engine's CPU kernels: a float32 model on the CPU, with "
-                          "the kernels built")
-    if config.attention == "flash-attn":
-        if dtype == torch.float32:
-            raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
-        if config.block_size % FLASH_BLOCK_MULTIPLE or config.kv_layout != "paged":
-            raise ConfigError(f"flash-attn's paged kernels need kv_layout='paged' and block_size a multiple of "
-                              f"{FLASH_BLOCK_MULTIPLE}, got {config.kv_layout} / {config.block_size}")
-    return config.attention
-
-
-def check_tensor_parallel(config: EngineConfig, spec: ModelSpec) -> None:
-    """Refuse a tensor-parallel size this model's heads and MLP cannot be split over."""
-    reason = tensor_parallel_reason(config.tensor_parallel_size, config.device, spec.num_heads, spec.num_kv_heads,
-                                    spec.intermediate_size)
-    if reason:
-        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
-
-
-def resolve_kv_blocks(config: EngineConfig, spec: ModelSpec, block_size: int, max_model_len: int,
-                      dtype: torch.dtype, device: str, draft_spec: ModelSpec | None = None) -> int:
-    """How many blocks the pool gets: from `kv_cache_bytes`, or sized to the host when unset.
-
-    A draft model's pool has as many blocks as the target's, paid from the same budget. With tensor
-    parallelism the budget covers every rank's share of a block together."""
-    block_bytes = kv_block_bytes(spec, block_size, dtype, config.tensor_parallel_size)
-    if draft_spec is not None:
-        block_bytes += bytes_per_block(draft_spec, block_size, dtype)
-    one_sequence = -(-max_model_len // block_size) * block_bytes
-    budget = kv_budget_bytes(config, one_sequence, device)
-    if budget < one_sequence:
-        raise ConfigError(f"kv_cache_bytes={budget} cannot hold one sequence of max_model_len={max_model_len} "
-                          f"tokens (needs {one_sequence} bytes); raise it or lower max_model_len")
-    return budget // block_bytes
-
-
-def build_draft_runner(draft: DraftCheckpoint, build: BuildContext, attention_name: str, block_size: int,
-                       num_blocks: int, max_model_len: int, max_num_seqs: int, use_graphs: bool) -> ModelRunner:
+def build_draft_runner(plan: EnginePlan) -> ModelRunner:
     """The draft model over its own KV pool: as many blocks as the target's, addressed by the same tables."""
-    attention = make_attention(attention_name, draft.spec.head_dim, block_size)
-    model = build_native_model(draft.spec, draft.hf_config, draft.path, build, attention, max_model_len)
-    kv_cache = KVCache(draft.spec, num_blocks + int(use_graphs), block_size, build.dtype, build.device,
-                       head_major=attention_name != "flash-attn")
-    graphs = (DecodeGraphs(model, kv_cache.layers, max_num_seqs, -(-max_model_len // block_size), num_blocks,
-                           block_size, build.device) if use_graphs else None)
-    return ModelRunner(model, kv_cache, build.device, attention, max_model_len, graphs)
+    draft = plan.draft
+    build = BuildContext(plan.dtype, plan.device, cpu_kernels=plan.cpu_kernels)
+    attention = make_attention(plan.attention, draft.spec.head_dim, plan.block_size)
+    model = build_native_model(draft.spec, draft.hf_config, draft.path, build, attention, plan.max_model_len)
+    kv_cache = KVCache(draft.spec, plan.num_kv_blocks + int(plan.cuda_graphs), plan.block_size, plan.dtype,
+                       plan.device, head_major=plan.attention != "flash-attn")
+    graphs = (DecodeGraphs(model, kv_cache.layers, plan.config.max_num_seqs, -(-plan.max_model_len // plan.block_size),
+                           plan.num_kv_blocks, plan.block_size, plan.device) if plan.cuda_graphs else None)
+    return ModelRunner(model, kv_cache, plan.device, attention, plan.max_model_len, graphs)
 
 
 class NativeBackend:
     """Steps the native engine: schedule, run the model, sample, hand tokens to their requests."""
 
-    def __init__(self, config: EngineConfig, path: Path, hf_config):
-        self.device = config.resolved_device
-        checkpoint_spec = ModelSpec.from_hf_config(hf_config)
-        self.spec = convert_spec(checkpoint_spec, config.gqa)
-        check_tensor_parallel(config, self.spec)
-        self.dtype = resolve_dtype(config, hf_config, self.device)
-        draft = load_draft_checkpoint(config, path, hf_config) if config.speculative == "draft" else None
-        draft_spec = draft.spec if draft else None
-        self.max_model_len = resolve_max_model_len(config, self.spec, *([draft_spec] if draft else []))
-        kernels, kernels_notice = resolve_cpu_kernels(config, self.device, self.dtype)
-        attention_name = resolve_attention(config, self.device, self.dtype, kernels)
-        self.block_size = self.max_model_len if config.kv_layout == "contiguous" else config.block_size
-        num_blocks = resolve_kv_blocks(config, self.spec, self.block_size, self.max_model_len, self.dtype,
-                                       self.device, draft_spec)
-        self.kv_block_bytes = kv_block_bytes(self.spec, self.block_size, self.dtype, config.tensor_parallel_size)
+    def __init__(self, plan: EnginePlan):
+        config = plan.config
+        self.device = plan.device
+        self.spec = plan.spec
+        self.block_size = plan.block_size
+        self.kv_block_bytes = plan.kv_block_bytes - (bytes_per_block(plan.draft.spec, plan.block_size, plan.dtype)
+                                                     if plan.draft else 0)
         torch.manual_seed(config.seed)
-        use_graphs = config.cuda_graphs and self.device == "cuda" and attention_name == "flash-attn"
-        notices = (kernels_notice,) if kernels_notice else ()
-        if use_graphs and config.tensor_parallel_size > 1:
-            use_graphs, notices = False, notices + ("CUDA graphs are off under tensor parallelism (not captured "
-                                                    "with collectives inside)",)
-        self.block_manager = BlockManager(num_blocks, self.block_size, config.prefix_caching)
+        self.block_manager = BlockManager(plan.num_kv_blocks, plan.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
-                                   config.max_num_batched_tokens, mirrors_draft_kv=draft is not None)
-        self.executor = make_executor(
-            RunnerSettings(str(path), hf_config, self.spec, checkpoint_spec.num_kv_heads, config.quantization,
-                           self.dtype, self.device, attention_name, self.block_size, num_blocks, self.max_model_len,
-                           use_graphs, config.max_num_seqs, kernels),
-            config.tensor_parallel_size)
+                                   config.max_num_batched_tokens, mirrors_draft_kv=plan.draft is not None)
+        self.executor = make_executor(plan)
         self.draft_runner = None
         self.speculator = None
-        if config.speculative == "draft":
-            self.draft_runner = build_draft_runner(draft, BuildContext(self.dtype, self.device, cpu_kernels=kernels),
-                                                   attention_name, self.block_size, num_blocks, self.max_model_len,
-                                                   config.max_num_seqs, use_graphs)
+        if plan.draft:
+            self.draft_runner = build_draft_runner(plan)
             proposer = DraftModelProposer(self.draft_runner, self.block_manager, self.spec.vocab_size)
-            self.speculator = Speculator(proposer, config.num_speculative_tokens, self.max_model_len)
+            self.speculator = Speculator(proposer, config.num_speculative_tokens, plan.max_model_len)
         elif config.speculative == "ngram":
-            self.speculator = Speculator(NgramProposer(), config.num_speculative_tokens, self.max_model_len)
+            self.speculator = Speculator(NgramProposer(), config.num_speculative_tokens, plan.max_model_len)
         self.draft_weights_bytes = weight_storage_bytes(self.draft_runner.model) if self.draft_runner else 0
-        self.info = BackendInfo(
-            backend="native", attention=attention_name, dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device, num_params=parameter_count(native_meta_model(self.spec, self.dtype, "none",
-                                                                              self.device)),
-            vocab_size=self.spec.vocab_size, max_model_len=self.max_model_len, cuda_graphs=use_graphs,
-            tensor_parallel_size=config.tensor_parallel_size, notices=notices, cpu_kernels=kernels,
-            quantization=config.quantization, num_kv_heads=self.spec.num_kv_heads,
-            kv_bytes_per_token=kv_block_bytes(self.spec, 1, self.dtype, config.tensor_parallel_size),
-            draft_model=draft.name if draft else None,
-            draft_num_params=parameter_count(self.draft_runner.model) if draft else 0)
+        self.num_params = parameter_count(meta_model(self.spec, plan.dtype, "none", self.device))
+        self.draft_num_params = parameter_count(self.draft_runner.model) if self.draft_runner else 0
         self.steps = 0
         # Sections are timed on this thread: the model must run here (one process) and synchronously (a CPU).
         self.profiler = StepProfiler(enabled=self.device == "cpu" and isinstance(self.executor, LocalExecutor))
@@ -328,7 +237,7 @@ class NativeBackend:
             manager.free(SCORING_SEQUENCE_ID)
         return token_log_probs(logits[:-1], token_ids[1:])
 
-    def stats(self) -> BackendStats:
+    def stats(self) -> EngineStats:
         """Figures of both KV pools together (a draft's blocks are allocated alongside the target's), with
         the draft's share and the speculative counters broken out."""
         manager = self.block_manager
@@ -338,7 +247,7 @@ class NativeBackend:
         draft_kv_bytes = draft_kv.nbytes if draft_kv else 0
         spec = self.speculator.stats if self.speculator else None
         executor = self.executor.stats()
-        return BackendStats(
+        return EngineStats(
             weights_bytes=sum(executor.rank_weights_bytes) + self.draft_weights_bytes,
             kv_cache_bytes=sum(executor.rank_kv_cache_bytes) + draft_kv_bytes,
             kv_cache_used_bytes=used_blocks * block_bytes, kv_blocks_total=manager.num_blocks,
@@ -352,14 +261,15 @@ class NativeBackend:
             spec_num_draft_tokens=spec.num_draft_tokens if spec else 0,
             spec_num_accepted_tokens=spec.num_accepted_tokens if spec else 0,
             spec_mean_accepted_tokens=spec.mean_accepted_tokens if spec else 0.0,
-            spec_accepted_per_position=list(spec.accepted_per_position) if spec else [],
+            spec_accepted_per_position=tuple(spec.accepted_per_position) if spec else (),
             draft_weights_bytes=self.draft_weights_bytes, draft_kv_cache_bytes=draft_kv_bytes,
             draft_kv_blocks_total=manager.num_blocks if draft_kv else 0,
             draft_kv_blocks_free=manager.num_free_blocks if draft_kv else 0,
-            notes=[f"model steps fail: {executor.failure}"] if executor.failure else [],
-            tensor_parallel_size=executor.size, rank_pids=executor.rank_pids,
-            rank_weights_bytes=executor.rank_weights_bytes, rank_kv_cache_bytes=executor.rank_kv_cache_bytes,
-            rank_threads=executor.rank_threads, rank_collective_seconds=executor.rank_collective_seconds,
+            notes=(f"model steps fail: {executor.failure}",) if executor.failure else (),
+            tensor_parallel_size=executor.size, rank_pids=tuple(executor.rank_pids),
+            rank_weights_bytes=tuple(executor.rank_weights_bytes),
+            rank_kv_cache_bytes=tuple(executor.rank_kv_cache_bytes), rank_threads=tuple(executor.rank_threads),
+            rank_collective_seconds=tuple(executor.rank_collective_seconds),
             executor_seconds=executor.executor_seconds, collective_seconds=executor.collective_seconds,
             collective_share=executor.collective_share)
 

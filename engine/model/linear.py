@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import matmul
+from engine.model.gqa import regroup_kv_heads
 from engine.model.huge_pages import advise_huge_pages
 from engine.model.matmul import plan_matmul
 from engine.model.parallel import SINGLE_PROCESS, ParallelContext
@@ -191,8 +192,10 @@ class QKVParallelLinear(LinearBase):
 
     shard_ids = ("q", "k", "v")
 
-    def __init__(self, hidden_size: int, heads: HeadLayout, bias: bool, build: BuildContext, prefix: str):
+    def __init__(self, hidden_size: int, heads: HeadLayout, bias: bool, build: BuildContext, prefix: str,
+                 checkpoint_kv_heads: int | None = None):
         self.heads = heads
+        self.checkpoint_kv_heads = checkpoint_kv_heads or heads.num_kv_heads
         self.q_size = heads.local_heads * heads.head_dim
         self.kv_size = heads.local_kv_heads * heads.head_dim
         super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias, build, prefix)
@@ -203,6 +206,9 @@ class QKVParallelLinear(LinearBase):
             offset, length, source = 0, self.q_size, self.parallel.rank * self.q_size
             _check_rows(loaded, heads.num_heads * dim, f"{self.prefix} q")
         elif shard_id in ("k", "v"):
+            if self.checkpoint_kv_heads != heads.num_kv_heads:  # `gqa` converts the checkpoint's KV heads
+                _check_rows(loaded, self.checkpoint_kv_heads * dim, f"{self.prefix} {shard_id}")
+                loaded = regroup_kv_heads(loaded, self.checkpoint_kv_heads, heads.num_kv_heads)
             offset = self.q_size + (self.kv_size if shard_id == "v" else 0)
             length, source = self.kv_size, heads.first_kv_head * dim
             _check_rows(loaded, heads.num_kv_heads * dim, f"{self.prefix} {shard_id}")

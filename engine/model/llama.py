@@ -38,7 +38,8 @@ class LlamaAttention(nn.Module):
     def __init__(self, spec: ModelSpec, attention, build: BuildContext, prefix: str):
         super().__init__()
         self.heads = HeadLayout(spec.num_heads, spec.num_kv_heads, spec.head_dim, build.parallel)
-        self.qkv_proj = QKVParallelLinear(spec.hidden_size, self.heads, spec.qkv_bias, build, f"{prefix}.qkv_proj")
+        self.qkv_proj = QKVParallelLinear(spec.hidden_size, self.heads, spec.qkv_bias, build, f"{prefix}.qkv_proj",
+                                          spec.checkpoint_kv_heads)
         self.o_proj = RowParallelLinear(spec.num_heads * spec.head_dim, spec.hidden_size, spec.o_bias, build,
                                         f"{prefix}.o_proj")
         if spec.qk_norm:

@@ -32,6 +32,9 @@ class ModelSpec:
     qk_norm: bool
     max_position_embeddings: int
     sliding_window: int | None
+    # The checkpoint's KV heads when `gqa` builds the model with another count (its loader regroups them);
+    # None when the model has the checkpoint's own heads.
+    checkpoint_kv_heads: int | None = None
 
     @classmethod
     def from_hf_config(cls, config) -> ModelSpec:
@@ -55,6 +58,11 @@ class ModelSpec:
             max_position_embeddings=config.max_position_embeddings,
             sliding_window=getattr(config, "sliding_window", None) if use_window else None,
         )
+
+    @property
+    def stored_kv_heads(self) -> int:
+        """The KV heads the checkpoint's K and V tensors hold."""
+        return self.checkpoint_kv_heads or self.num_kv_heads
 
     def replace(self, **changes) -> ModelSpec:
         return dataclasses.replace(self, **changes)

@@ -5,7 +5,7 @@ and its own KV pool from the settings the engine resolved, and a single-process 
 the same thing with a one-rank `ParallelContext`; the two differ in nothing else. The settings
 are plain picklable data so they can be sent to a spawned worker as they are.
 
-Shard arithmetic lives here too, so the engine (which never holds a shard when N > 1), the
+Shard arithmetic lives here too, so the plan (which never holds a shard when N > 1), the
 memory estimate and the workers agree on it: each rank's KV pool holds its own KV heads (one
 replicated head when there are fewer KV heads than ranks).
 """
@@ -25,7 +25,6 @@ from engine.model.parallel import SINGLE_PROCESS, ParallelContext
 from engine.model.rotary import rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.weights import load_weights
-from engine.quant.gqa import install_kv_head_conversion
 from engine.quant.methods import linear_method_factory
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache, bytes_per_block
@@ -36,14 +35,13 @@ from engine.runner.model_runner import ModelRunner
 class RunnerSettings:
     """What the engine resolved about the model and its KV pool: everything a process needs to build its runner.
 
-    `spec` has the head counts the model is built with; `checkpoint_kv_heads` differs from its
-    `num_kv_heads` when `gqa` converts the checkpoint's KV heads while they load.
+    `spec` has the head counts the model is built with (after any GQA conversion, which its QKV
+    layers apply to the checkpoint's K and V tensors as they load).
     """
 
     path: str
     hf_config: object
     spec: ModelSpec
-    checkpoint_kv_heads: int
     quantization: str
     dtype: torch.dtype
     device: str
@@ -68,17 +66,21 @@ def kv_block_bytes(spec: ModelSpec, block_size: int, dtype: torch.dtype, size: i
 
 
 def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
-                       max_model_len: int, checkpoint_kv_heads: int | None = None) -> LlamaForCausalLM:
-    """The native model (this rank's shard of it) with its checkpoint loaded, in eval mode.
-
-    `checkpoint_kv_heads` differs from `spec.num_kv_heads` when `gqa` converts the checkpoint's KV heads.
-    """
+                       max_model_len: int) -> LlamaForCausalLM:
+    """The native model (this rank's shard of it) with its checkpoint loaded, in eval mode."""
     cos, sin = rope_cos_sin(hf_config, max_model_len)
     model = LlamaForCausalLM(spec, attention, build, cos, sin)
-    if checkpoint_kv_heads is not None:
-        install_kv_head_conversion(model, checkpoint_kv_heads)
     load_weights(model, path)
     return model.eval()
+
+
+def meta_model(spec: ModelSpec, dtype: torch.dtype, quantization: str, device: str,
+               parallel: ParallelContext = SINGLE_PROCESS) -> LlamaForCausalLM:
+    """The native model of `spec` (one rank's shard with `parallel`) on the meta device: shapes and the storage its
+    quantization level plans (`device` says for which device), no memory."""
+    build = BuildContext(dtype, "meta", parallel, linear_method=linear_method_factory(quantization, device, dtype))
+    no_rope = torch.empty(0)
+    return LlamaForCausalLM(spec, None, build, no_rope, no_rope)
 
 
 def build_runner(settings: RunnerSettings, parallel: ParallelContext = SINGLE_PROCESS) -> ModelRunner:
@@ -93,7 +95,7 @@ def build_runner(settings: RunnerSettings, parallel: ParallelContext = SINGLE_PR
                          linear_method=linear_method_factory(settings.quantization, settings.device, settings.dtype),
                          cpu_kernels=settings.cpu_kernels)
     model = build_native_model(spec, settings.hf_config, Path(settings.path), build, attention,
-                               settings.max_model_len, settings.checkpoint_kv_heads)
+                               settings.max_model_len)
     kv_cache = KVCache(rank_kv_spec(spec, parallel.size), settings.num_blocks + int(settings.cuda_graphs),
                        settings.block_size, settings.dtype, settings.device,
                        head_major=settings.attention != "flash-attn")

@@ -86,11 +86,3 @@ class LocalExecutor:
             self.runner.close()
             self.runner = None
 
-
-def make_executor(settings: RunnerSettings, tensor_parallel_size: int) -> Executor:
-    """The local executor for one rank, worker processes for more."""
-    if tensor_parallel_size == 1:
-        return LocalExecutor(settings)
-    from engine.runner.tp_executor import TensorParallelExecutor
-
-    return TensorParallelExecutor(settings, tensor_parallel_size)

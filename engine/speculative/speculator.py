@@ -14,8 +14,8 @@ import torch
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.model.sampler import SamplingTensors
-from engine.spec.stats import SpecDecodingStats
-from engine.spec.verify import Verified, verify
+from engine.speculative.stats import SpecDecodingStats
+from engine.speculative.verify import Verified, verify
 
 
 class Proposer(Protocol):

@@ -1,4 +1,5 @@
-"""GQA / MQA conversion of a checkpoint's key and value heads, applied while it loads (`gqa`).
+"""GQA / MQA conversion of a checkpoint's key and value heads (`gqa`): the head count it asks for, and the
+regrouping of each K and V tensor while it loads.
 
 `gqa="mha"` gives every query head its own KV head by repeating each KV head over its group: the
 same attention, hence the same outputs, with a bigger KV cache (what GQA saves, made visible).
@@ -7,18 +8,17 @@ heads of each group into one, as the GQA paper (Ainslie et al., 2023) converts a
 checkpoint before uptraining; without the uptraining quality drops, and the perplexity shows by
 how much. Query head h keeps reading KV head h // (query heads / KV heads) in both directions.
 
-The conversion touches only loading: the model is built with the new head count (so the QKV
-layer, the KV cache and the blocks that fit `kv_cache_bytes` follow it), and the QKV layer's
-loaders regroup each K and V checkpoint tensor before placing it.
+The engine's plan decides the head count once (`convert_spec`): the model is built with it (so the
+QKV layer, the KV cache and the blocks that fit `kv_cache_bytes` follow it), and the spec keeps the
+checkpoint's count, so the QKV layer's loader regroups each K and V tensor (`regroup_kv_heads`)
+before placing it. Nothing else converts heads.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from engine.errors import ConfigError
-from engine.model.linear import QKVParallelLinear
 from engine.model.spec import ModelSpec
 
 
@@ -42,8 +42,10 @@ def resolve_kv_heads(gqa: str | int, num_heads: int, num_kv_heads: int) -> int:
 
 
 def convert_spec(spec: ModelSpec, gqa: str | int) -> ModelSpec:
-    """The shapes the model is built with under `gqa`."""
-    return spec.replace(num_kv_heads=resolve_kv_heads(gqa, spec.num_heads, spec.num_kv_heads))
+    """The shapes the model is built with under `gqa`, remembering the checkpoint's KV heads for its loader."""
+    stored = spec.stored_kv_heads
+    heads = resolve_kv_heads(gqa, spec.num_heads, stored)
+    return spec.replace(num_kv_heads=heads, checkpoint_kv_heads=None if heads == stored else stored)
 
 
 def regroup_kv_heads(tensor: torch.Tensor, from_heads: int, to_heads: int) -> torch.Tensor:
@@ -58,21 +60,3 @@ def regroup_kv_heads(tensor: torch.Tensor, from_heads: int, to_heads: int) -> to
         return pooled.to(tensor.dtype).flatten(0, 1)
     return heads.repeat_interleave(to_heads // from_heads, dim=0).flatten(0, 1)
 
-
-def _regrouping_loader(loader, from_heads: int, to_heads: int):
-    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if shard_id in ("k", "v"):
-            loaded = regroup_kv_heads(loaded, from_heads, to_heads)
-        loader(param, loaded, shard_id)
-    return load
-
-
-def install_kv_head_conversion(model: nn.Module, checkpoint_kv_heads: int) -> None:
-    """Make every QKV layer regroup the checkpoint's K/V tensors into the heads it was built with."""
-    for module in model.modules():
-        if not isinstance(module, QKVParallelLinear) or module.heads.num_kv_heads == checkpoint_kv_heads:
-            continue
-        for param in (module.weight, module.bias):
-            if param is not None:
-                param.weight_loader = _regrouping_loader(param.weight_loader, checkpoint_kv_heads,
-                                                         module.heads.num_kv_heads)

@@ -15,15 +15,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
 from engine.core.metrics import describe_device, summarize
 from engine.core.request import RequestOutput
-from engine.roofline import roofline_figures
+from engine.hub import PROJECT_ROOT
+from engine.info import EngineStats
 from engine.sampling_params import SamplingParams
-from engine.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
+from engine.tools.roofline import roofline_figures
+from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
 
 SPEC_COUNTERS = ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")
 CANCEL_POLL_S = 0.05
@@ -92,7 +93,7 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
     return outputs, (max(completed) - min(submitted)) if submitted else 0.0
 
 
-def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
+def speculative_figures(before: EngineStats, after: EngineStats, speculative: bool) -> dict:
     """Acceptance over the measured requests only (the warm-up's verifications subtracted).
 
     `spec_acceptance_rate` is accepted / proposed (DESIGN.md); with speculation on, vLLM's bench names
@@ -100,12 +101,12 @@ def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
     the bonus token counted), the counters, and for each proposal position the share of verification
     steps that accepted it. `spec_mean_accepted_tokens` is the acceptance length without the bonus token.
     """
-    drafts, proposed, accepted = (after.get(key, 0) - before.get(key, 0) for key in SPEC_COUNTERS)
+    drafts, proposed, accepted = (getattr(after, key) - getattr(before, key) for key in SPEC_COUNTERS)
     figures = {"spec_acceptance_rate": accepted / proposed if proposed else 0.0}
     if not speculative:
         return figures
-    per_position = [a - b for a, b in zip(after.get("spec_accepted_per_position", []),
-                                          before.get("spec_accepted_per_position", []), strict=True)]
+    per_position = [a - b for a, b in zip(after.spec_accepted_per_position, before.spec_accepted_per_position,
+                                          strict=True)]
     figures.update({
         "spec_decode_acceptance_rate": 100.0 * figures["spec_acceptance_rate"],
         "spec_decode_acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
@@ -118,10 +119,10 @@ def speculative_figures(before: dict, after: dict, speculative: bool) -> dict:
     return figures
 
 
-def _step_time_split(before: dict, after: dict) -> dict:
+def _step_time_split(before: EngineStats, after: EngineStats) -> dict:
     """Seconds of model steps during the measured run, and the share rank 0 spent in collectives."""
-    executor = after.get("executor_seconds", 0.0) - before.get("executor_seconds", 0.0)
-    collective = after.get("collective_seconds", 0.0) - before.get("collective_seconds", 0.0)
+    executor = after.executor_seconds - before.executor_seconds
+    collective = after.collective_seconds - before.collective_seconds
     return {"executor_seconds": executor, "collective_seconds": collective,
             "collective_share": collective / executor if executor else 0.0}
 
@@ -138,9 +139,9 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
     against their matmul floor (`Engine.decode_profile`). `goodput_slos` (ms per metric) adds vLLM's
     `request_goodput`. A cancelled run (`cancel` set) summarizes the requests that finished before it;
     `cancelled_requests` counts the others. With `roofline`, the run's prefill and decode steps are placed
-    against the device's ceilings (`engine.roofline.roofline_figures`).
+    against the device's ceilings (`engine.tools.roofline.roofline_figures`).
     """
-    vocab = engine.info["vocab_size"]
+    vocab = engine.info.vocab_size
     if warmup:
         send(engine, warmup_workload(spec, vocab), concurrency, temperature, ignore_eos, spec.seed,
              top_p=top_p, top_k=top_k, cancel=cancel)
@@ -154,7 +155,7 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
     placed = roofline_figures(engine, started) if roofline else {}
     quality = engine.perplexity() if perplexity else None
     stats = engine.stats()
-    info = dict(engine.info)
+    info = engine.info
     resolved = engine.config.to_dict()
     finished = [o for o in outputs if o is not None and o.finish_reason != "cancelled"]
     errors = [o.error for o in finished if o.finish_reason == "error"]
@@ -177,19 +178,21 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
         if result["total_output_tokens"] else 0.0,
         # the measured run's own: an engine that served other work before (the playground's pool) has larger totals
         "peak_running": max((step.num_running for step in engine.step_history(since=started)),
-                            default=stats.get("peak_running")),
-        "num_preemptions": (stats.get("num_preemptions") or 0) - (before.get("num_preemptions") or 0),
-        "weights_bytes": stats.get("weights_bytes"),
-        "kv_cache_bytes": stats.get("kv_cache_bytes"),
-        "peak_memory_bytes": stats.get("peak_memory_bytes"),
-        **{key: stats.get(key) for key in ("tensor_parallel_size", "rank_weights_bytes", "rank_kv_cache_bytes")},
+                            default=stats.peak_running),
+        "num_preemptions": stats.num_preemptions - before.num_preemptions,
+        "weights_bytes": stats.weights_bytes,
+        "kv_cache_bytes": stats.kv_cache_bytes,
+        "peak_memory_bytes": stats.peak_memory_bytes,
+        "tensor_parallel_size": stats.tensor_parallel_size,
+        "rank_weights_bytes": list(stats.rank_weights_bytes),
+        "rank_kv_cache_bytes": list(stats.rank_kv_cache_bytes),
         **_step_time_split(before, stats),
-        "backend": info["backend"], "attention": info["attention"], "dtype": info["dtype"],
-        "device": info["device"], "num_params": info["num_params"], "notices": info["notices"],
-        "draft_model": info.get("draft_model"),
+        "backend": info.backend, "attention": info.attention, "dtype": info.dtype,
+        "device": info.device, "num_params": info.num_params, "notices": list(info.notices),
+        "draft_model": info.draft_model,
         "config": resolved,
-        "quantization": info["quantization"], "num_kv_heads": info["num_kv_heads"],
-        "kv_bytes_per_token": info["kv_bytes_per_token"],
+        "quantization": info.quantization, "num_kv_heads": info.num_kv_heads,
+        "kv_bytes_per_token": info.kv_bytes_per_token,
         **placed,
     })
     if quality is not None:
@@ -200,12 +203,11 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
 
 def source_revision() -> str | None:
     """The git commit the engine code comes from ("+dirty" when engine/ has local changes), if known."""
-    root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=5, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "engine"], cwd=root,
-                               capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True,
+                                text=True, timeout=5, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "engine"],
+                               cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+dirty" if dirty else "")

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 
-from engine.backends.base import DTYPES, StepRecord
 from engine.core.metrics import describe_device
-from engine.hub import load_hf_config
+from engine.info import EngineInfo, StepRecord
 from engine.model.matmul import MatmulPlan, linear, onednn_available
 from engine.model.spec import ModelSpec
+from engine.plan import DTYPES
 
 CACHE_ENV = "INFERENCE_PLAYGROUND_CEILINGS"
 # Best of many short runs: on a shared machine some of them get the cores to themselves.
@@ -366,16 +366,16 @@ def analyze(steps: list[StepRecord], work: ModelWork, ceilings: DeviceCeilings,
         notes=list(notes or []))
 
 
-def model_work(info: dict, stats: dict) -> ModelWork:
-    """The work coefficients of a loaded native engine (its `info` and `stats()`)."""
-    spec = ModelSpec.from_hf_config(load_hf_config(info["path"])).replace(num_kv_heads=info["num_kv_heads"])
-    target_bytes = stats["weights_bytes"] - stats.get("draft_weights_bytes", 0)
-    return ModelWork.of(spec, target_bytes, info["kv_bytes_per_token"], info["dtype"])
+def model_work(engine) -> ModelWork:
+    """The work coefficients of a loaded native engine: its plan's shapes (after GQA conversion) and its weights."""
+    stats = engine.stats()
+    target_bytes = stats.weights_bytes - stats.draft_weights_bytes
+    return ModelWork.of(engine.plan.spec, target_bytes, engine.info.kv_bytes_per_token, engine.info.dtype)
 
 
-def unsupported_reason(info: dict) -> str | None:
+def unsupported_reason(info: EngineInfo) -> str | None:
     """Why an engine's steps cannot be placed on the roofline, or None."""
-    if info.get("backend") != "native":
+    if info.backend != "native":
         return "the transformers backend does not record what its steps' attention covers; use backend=native"
     return None
 
@@ -389,22 +389,21 @@ def engine_roofline(engine, since: float = 0.0, refresh: bool = False,
     reason = unsupported_reason(info)
     if reason:
         raise ValueError(reason)
-    stats = engine.stats()
-    ceilings = device_ceilings(info["device"], info["dtype"], refresh=refresh, cache_path=cache_path)
+    ceilings = device_ceilings(info.device, info.dtype, refresh=refresh, cache_path=cache_path)
     notes = []
-    if info.get("quantization", "none") != "none":
-        notes.append(f"weights are {info['quantization']}: bytes are their packed storage; the compute ceiling "
-                     f"is {info['dtype']} matmuls (the libraries dequantize to it)")
-    size = info.get("tensor_parallel_size", 1)
+    if info.quantization != "none":
+        notes.append(f"weights are {info.quantization}: bytes are their packed storage; the compute ceiling "
+                     f"is {info.dtype} matmuls (the libraries dequantize to it)")
+    size = info.tensor_parallel_size
     if size > 1:
-        if info["device"] == "cuda":
+        if info.device == "cuda":
             ceilings = DeviceCeilings(**{**asdict(ceilings), "peak_flops": ceilings.peak_flops * size,
                                          "bandwidth": ceilings.bandwidth * size})
             notes.append(f"tensor parallel over {size} GPUs: the ceilings are {size}x one GPU's")
         else:
             notes.append(f"tensor parallel over {size} processes sharing this CPU's cores: the ceilings are the "
                          "whole CPU's (measured with this process's threads)")
-    return analyze(engine.step_history(since), model_work(info, stats), ceilings, notes)
+    return analyze(engine.step_history(since), model_work(engine), ceilings, notes)
 
 
 

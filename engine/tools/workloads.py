@@ -14,9 +14,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import PRESETS_DIR
 from engine.errors import ConfigError
 from engine.hub import PROJECT_ROOT, list_models
+from engine.presets import PRESETS_DIR
 
 CHAT_PROMPTS_FILE = PRESETS_DIR / "chat_prompts.jsonl"
 

@@ -17,53 +17,25 @@ The K/V it wrote for proposals that the target rejects is not undone, only forgo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
 from engine.core.block_manager import BlockManager
 from engine.core.request import Request
-from engine.errors import ConfigError, ModelLoadError
-from engine.hub import list_models, load_hf_config, load_tokenizer, resolve_model_path
+from engine.errors import ModelLoadError
+from engine.hub import load_tokenizer
 from engine.model.linear import BuildContext
 from engine.model.llama import LlamaForCausalLM
 from engine.model.sampler import SamplingTensors, counter_uniform, filtered_probs, sample_from
 from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import SequenceChunk, StepPlan
-from engine.spec.verify import STREAM_DRAFT
+from engine.speculative.verify import STREAM_DRAFT
 
 
-def resolve_draft_name(config: EngineConfig) -> str:
-    """The draft the user named, else the one presets/models.toml pairs with the model (named by its curated
-    name or by its source)."""
-    if config.draft_model:
-        return config.draft_model
-    models = list_models()
-    entry = models.get(config.model) or next((e for e in models.values() if e.source == config.model), None)
-    if entry is None or not entry.draft:
-        raise ConfigError(f"speculative='draft' needs draft_model: {config.model!r} has no curated draft in "
-                          "presets/models.toml; name a smaller model with the same tokenizer")
-    return entry.draft
-
-
-@dataclass(frozen=True)
-class DraftCheckpoint:
-    """A draft model that passed the checks, ready to be built."""
-
-    name: str
-    path: Path
-    hf_config: object
-    spec: ModelSpec
-
-
-def load_draft_checkpoint(config: EngineConfig, target_path: Path, target_hf_config) -> DraftCheckpoint:
-    """Resolve the draft and refuse one the engine cannot verify against the target."""
-    name = resolve_draft_name(config)
-    path = resolve_model_path(name)
-    hf_config = load_hf_config(path)
+def check_draft(name: str, path: Path, hf_config, target_path: Path, target_hf_config) -> ModelSpec:
+    """The draft's shapes, refusing a draft the engine cannot verify against the target."""
     architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
     if architecture not in NATIVE_ARCHITECTURES:
         raise ModelLoadError(f"draft {name!r} is a {architecture}; a draft runs in the native engine "
@@ -74,7 +46,7 @@ def load_draft_checkpoint(config: EngineConfig, target_path: Path, target_hf_con
     if draft_params >= target_params:
         raise ModelLoadError(f"draft {name!r} has {draft_params:,} parameters, not fewer than the target's "
                              f"{target_params:,}: it cannot save time; pick a smaller draft")
-    return DraftCheckpoint(name, path, hf_config, spec)
+    return spec
 
 
 def native_parameters(spec: ModelSpec) -> int:

@@ -1,0 +1,310 @@
+"""`EnginePlan`: every choice a configuration leaves open, made once from the configuration and the checkpoint.
+
+Why one step: the backends, the memory estimate (`engine/sizing.py`) and the playground's check line
+all need the same answers (which backend serves this checkpoint, on which device, in which dtype,
+with which attention and kernels, how long a context, how many KV blocks of which size, what shape
+the model has after GQA conversion, which draft), and answers computed in one place cannot
+disagree. Planning reads configuration files only (the model's and a draft's config.json and
+tokenizers): no weights are loaded and nothing large is allocated, so a server can plan a load
+before admitting it. Every refusal that needs the checkpoint (a context longer than the model's, heads
+that do not split over the tensor-parallel ranks, a draft of another vocabulary) is raised here,
+with one clear message, before anything is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+
+from engine.config import EngineConfig, tensor_parallel_reason
+from engine.errors import ConfigError, ModelLoadError
+from engine.host import flash_attn_available, resolve_device
+from engine.hub import curated_draft, load_hf_config, resolve_model_path
+from engine.model import cpu_kernels
+from engine.model.gqa import convert_spec
+from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
+from engine.quant.checkpoint import check_prequantized, prequantized_method
+from engine.quant.methods import check_level
+from engine.runner.build import kv_block_bytes
+from engine.runner.kv_cache import bytes_per_block
+from engine.speculative.draft import check_draft
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_MAX_MODEL_LEN = 4096
+CPU_KV_FRACTION_OF_AVAILABLE = 0.25
+GPU_KV_FRACTION_OF_FREE = 0.85
+FLASH_BLOCK_MULTIPLE = 256
+HF_MIN_PAGE_SIZE = 4  # transformers' continuous batching pages hold at least this many tokens
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """The speculative draft model: which one, where, and its shapes (checked against the target's)."""
+
+    name: str
+    path: Path
+    hf_config: object
+    spec: ModelSpec
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What an engine of `config` will be, every `auto` made concrete, before anything is loaded.
+
+    `config` is the configuration with `backend` and `max_model_len` resolved. `spec` (native backend
+    only) is the model's shape after GQA conversion. `kv_block_bytes` counts one block over every
+    layer, every tensor-parallel rank and a draft's pool; `num_kv_blocks` is 0 where transformers
+    grows its own cache (the hf backend's static batching).
+    """
+
+    config: EngineConfig
+    path: Path
+    hf_config: object
+    architecture: str
+    device: str
+    dtype: torch.dtype
+    attention: str
+    cpu_kernels: bool
+    cuda_graphs: bool
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+    kv_block_bytes: int
+    kv_bytes_per_token: int
+    num_kv_heads: int
+    vocab_size: int
+    spec: ModelSpec | None = None
+    draft: DraftPlan | None = None
+    notices: tuple[str, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        return self.config.backend
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV pools the native engine allocates (0 where transformers sizes its own cache)."""
+        return self.num_kv_blocks * self.kv_block_bytes if self.backend == "native" else 0
+
+    def summary(self) -> str:
+        """One line of what would load, as the playground's check line shows it."""
+        parts = [self.backend, self.device, self.dtype_name, f"{self.attention} attention",
+                 f"context {self.max_model_len}"]
+        if self.backend == "native":
+            layout = "contiguous" if self.config.kv_layout == "contiguous" else f"blocks of {self.block_size}"
+            parts.append(f"{self.num_kv_blocks:,} KV blocks ({layout}, {self.num_kv_heads} KV heads)")
+        if self.draft:
+            parts.append(f"draft {self.draft.name}")
+        return " · ".join(parts)
+
+
+def plan_engine(config: EngineConfig) -> EnginePlan:
+    """Resolve `config` against its checkpoint and this host; raises ConfigError / ModelLoadError."""
+    config = config.validate()
+    path = resolve_model_path(config.model)
+    hf_config = load_hf_config(path)
+    architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
+    not_native = _not_native_reason(architecture, hf_config)
+    notices: list[str] = []
+    if config.backend == "native" and not_native:
+        raise ModelLoadError(f"{not_native} (it runs full-precision {', '.join(NATIVE_ARCHITECTURES)} "
+                             "checkpoints); use backend='hf'")
+    if config.tensor_parallel_size > 1 and not_native:
+        raise ModelLoadError(f"{not_native}, and tensor parallelism shards the native engine's model")
+    if config.backend == "auto" and not_native and config.speculative != "off":
+        raise ModelLoadError(f"{not_native}, and speculative decoding runs in the native engine: set "
+                             "speculative='off' to serve it through transformers")
+    if config.backend == "auto":
+        config = config.replace(backend="hf" if not_native else "native")
+        if not_native:
+            notices.append(f"{not_native}: served by transformers")
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config, hf_config, device)
+    if config.backend == "native":
+        return _plan_native(config, path, hf_config, architecture, device, dtype, notices)
+    return _plan_hf(config, path, hf_config, architecture, device, dtype, notices)
+
+
+def resolve_dtype(config: EngineConfig, hf_config, device: str) -> torch.dtype:
+    """`auto`: float32 on a CPU (fast and exact there); the checkpoint's half type on a GPU."""
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    if device == "cpu":
+        return torch.float32
+    stored = getattr(hf_config, "dtype", None)
+    stored = DTYPES.get(stored, stored) if isinstance(stored, str) else stored
+    return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def hf_attention_implementation(config: EngineConfig) -> str:
+    """transformers' name for the attention the config asks for (its continuous batching pages eager itself)."""
+    return "eager" if config.attention == "eager" else "sdpa"
+
+
+def kv_budget_bytes(config: EngineConfig, one_sequence_bytes: int, device: str) -> int:
+    """Bytes for the KV pool: `kv_cache_bytes` when set, else a memory budget: `kv_memory_fraction` of the
+    memory free at planning (by default a quarter of the available RAM on a CPU, 85% of the free GPU memory),
+    capped at `max_num_seqs` full-length sequences, which is all the pool can ever hold at once (never
+    less than one sequence). The native pool is not zero-filled: a CPU commits its pages only as blocks
+    are first written, so a generous reservation costs address space, not memory, until used."""
+    if config.kv_cache_bytes is not None:
+        return config.kv_cache_bytes
+    wanted = config.max_num_seqs * one_sequence_bytes
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        budget = int(free * (config.kv_memory_fraction or GPU_KV_FRACTION_OF_FREE))
+    else:
+        budget = int(psutil.virtual_memory().available * (config.kv_memory_fraction or CPU_KV_FRACTION_OF_AVAILABLE))
+    return max(min(wanted, budget), one_sequence_bytes)
+
+
+def _not_native_reason(architecture: str, hf_config) -> str | None:
+    """Why the native engine cannot serve this checkpoint, or None."""
+    if architecture not in NATIVE_ARCHITECTURES:
+        return f"architecture {architecture} is not covered by the native engine"
+    prequantized = prequantized_method(hf_config)
+    if prequantized:
+        return f"this checkpoint is pre-quantized ({prequantized}), which the native engine does not load"
+    return None
+
+
+def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str, device: str, dtype: torch.dtype,
+                 notices: list[str]) -> EnginePlan:
+    spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
+    reason = tensor_parallel_reason(config.tensor_parallel_size, config.device, spec.num_heads, spec.num_kv_heads,
+                                    spec.intermediate_size)
+    if reason:
+        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
+    check_level(config.quantization, dtype)
+    draft = _plan_draft(config, path, hf_config) if config.speculative == "draft" else None
+    max_model_len = _native_max_model_len(config, spec, *([draft.spec] if draft else []))
+    kernels, kernels_notice = _cpu_kernels(config, device, dtype)
+    if kernels_notice:
+        notices.append(kernels_notice)
+    attention = _native_attention(config, device, dtype, kernels)
+    block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
+    size = config.tensor_parallel_size
+    block_bytes = kv_block_bytes(spec, block_size, dtype, size)
+    if draft:
+        block_bytes += bytes_per_block(draft.spec, block_size, dtype)
+    one_sequence = -(-max_model_len // block_size) * block_bytes
+    budget = kv_budget_bytes(config, one_sequence, device)
+    if budget < one_sequence:
+        raise ConfigError(f"kv_cache_bytes={budget} cannot hold one sequence of max_model_len={max_model_len} "
+                          f"tokens (needs {one_sequence} bytes); raise it or lower max_model_len")
+    graphs = config.cuda_graphs and device == "cuda" and attention == "flash-attn"
+    if graphs and size > 1:
+        graphs = False
+        notices.append("CUDA graphs are off under tensor parallelism (not captured with collectives inside)")
+    return EnginePlan(
+        config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
+        architecture=architecture, device=device, dtype=dtype, attention=attention, cpu_kernels=kernels,
+        cuda_graphs=graphs, max_model_len=max_model_len, block_size=block_size,
+        num_kv_blocks=budget // block_bytes, kv_block_bytes=block_bytes,
+        kv_bytes_per_token=kv_block_bytes(spec, 1, dtype, size), num_kv_heads=spec.num_kv_heads,
+        vocab_size=spec.vocab_size, spec=spec, draft=draft, notices=tuple(notices))
+
+
+def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, device: str, dtype: torch.dtype,
+             notices: list[str]) -> EnginePlan:
+    prequantized = prequantized_method(hf_config)
+    if prequantized:
+        check_prequantized(prequantized, device, config.quantization)
+    check_level(config.quantization, dtype)
+    text = hf_config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+    max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    token_bytes = 2 * text.num_hidden_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    notices += _hf_ignored_knobs(config, device)
+    block_size = num_blocks = 0
+    if config.batching == "continuous":
+        block_size = max(config.block_size, HF_MIN_PAGE_SIZE)
+        if block_size != config.block_size:
+            notices.append(f"transformers' continuous batching needs pages of at least {HF_MIN_PAGE_SIZE} "
+                           f"tokens: using {block_size}")
+        notices.append("transformers' continuous batching samples greedily for the whole batch: "
+                       "requests with temperature > 0 are served by generate instead")
+        one_sequence = -(-max_model_len // block_size) * token_bytes * block_size
+        num_blocks = max(1, kv_budget_bytes(config, one_sequence, device) // (token_bytes * block_size))
+    return EnginePlan(
+        config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
+        architecture=architecture, device=device, dtype=dtype,
+        attention=f"transformers {hf_attention_implementation(config)}", cpu_kernels=False, cuda_graphs=False,
+        max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_blocks,
+        kv_block_bytes=token_bytes * block_size, kv_bytes_per_token=token_bytes, num_kv_heads=kv_heads,
+        vocab_size=text.vocab_size, notices=tuple(notices))
+
+
+def _hf_ignored_knobs(config: EngineConfig, device: str) -> list[str]:
+    """The native-only knobs an hf configuration sets, said rather than silently dropped."""
+    ignored = []
+    if config.kv_layout == "contiguous":
+        ignored.append("kv_layout=contiguous (transformers manages its own cache)")
+    if config.batching == "static" and config.prefix_caching:
+        ignored.append("prefix_caching (generate has no cross-request cache)")
+    if config.batching == "static":
+        ignored.append("max_num_batched_tokens, block_size and kv_cache_bytes (generate grows its cache per call)")
+    if device == "cuda":
+        ignored.append("cuda_graphs (native engine only)")
+    return ["the hf backend ignores " + "; ".join(ignored)] if ignored else []
+
+
+def _plan_draft(config: EngineConfig, target_path: Path, target_hf_config) -> DraftPlan:
+    name = curated_draft(config.model, config.draft_model)
+    path = resolve_model_path(name)
+    hf_config = load_hf_config(path)
+    spec = check_draft(name, path, hf_config, target_path, target_hf_config)
+    return DraftPlan(name, path, hf_config, spec)
+
+
+def _native_max_model_len(config: EngineConfig, spec: ModelSpec, *more_specs: ModelSpec) -> int:
+    """The context length: as configured, or the default; never past what every model (a draft too) supports."""
+    limit = min(min(s.max_position_embeddings, s.sliding_window or s.max_position_embeddings)
+                for s in (spec, *more_specs))
+    if config.max_model_len is None:
+        return min(limit, DEFAULT_MAX_MODEL_LEN)
+    if config.max_model_len > limit:
+        raise ConfigError(f"max_model_len={config.max_model_len} exceeds what this model supports ({limit} "
+                          "positions, sliding window included)")
+    return config.max_model_len
+
+
+def _cpu_kernels(config: EngineConfig, device: str, dtype: torch.dtype) -> tuple[bool, str | None]:
+    """Whether the model computes with the engine's CPU kernels, and why not when they were asked for."""
+    if not config.cpu_kernels or device != "cpu":
+        return False, None
+    if dtype != torch.float32:
+        return False, f"the engine's CPU kernels compute in float32; {dtype} runs the pure-PyTorch paths"
+    reason = cpu_kernels.unavailable_reason()
+    return reason is None, reason and f"pure-PyTorch CPU paths: {reason}"
+
+
+def _native_attention(config: EngineConfig, device: str, dtype: torch.dtype, kernels: bool) -> str:
+    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256); the engine's paged
+    kernel where its CPU kernels run; else sdpa."""
+    if config.attention == "auto":
+        use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
+                     and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
+        if use_flash:
+            return "flash-attn"
+        return "cpu-kernel" if kernels else "sdpa"
+    if config.attention == "cpu-kernel" and not kernels:
+        raise ConfigError("attention='cpu-kernel' needs the engine's CPU kernels: a float32 model on the CPU, with "
+                          "the kernels built")
+    if config.attention == "flash-attn":
+        if dtype == torch.float32:
+            raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
+        if config.block_size % FLASH_BLOCK_MULTIPLE or config.kv_layout != "paged":
+            raise ConfigError(f"flash-attn's paged kernels need kv_layout='paged' and block_size a multiple of "
+                              f"{FLASH_BLOCK_MULTIPLE}, got {config.kv_layout} / {config.block_size}")
+    return config.attention

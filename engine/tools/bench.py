@@ -1,0 +1,477 @@
+"""`python -m engine.bench`: run a workload through an engine configuration and report vLLM-style metrics.
+
+The workload (engine/workloads.py) is fixed by its seed, so `--compare` runs a second configuration
+on exactly the same requests, in the same process, and prints compare/base ratios. Requests are
+sent from a pool of `--concurrency` threads through the public API (`Engine.submit`), at Poisson
+arrival times when `--request-rate` is finite. The duration runs from the first submission to the
+last completion, after a short untimed warm-up. The measuring itself is `engine/measure.py`, which
+the playground's Benchmark and Compare tabs share; `--goodput` adds vLLM's `request_goodput`.
+
+    python -m engine.bench --set model=random-llama-20m --num-prompts 64 --input-len 128 \
+        --output-len 128 --compare baseline-hf
+
+With `--endpoint URL` the same workload goes to an OpenAI-compatible server instead (the playground
+serves one at /v1): `--model` names the served model, `--preset`/`--compare` become `MODEL@PRESET`
+model ids, and every figure is measured by this client (TTFT to the first streamed text, ITL between
+streamed chunks, token counts from the server's `usage`).
+
+    python -m engine.bench --endpoint http://127.0.0.1:7860/v1 --model demo --dataset chat \
+        --preset no-prefix-cache --compare prefix-cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_device, summarize
+from engine.core.request import RequestOutput
+from engine.errors import EngineError
+from engine.hub import PROJECT_ROOT
+from engine.overrides import parse_sets
+from engine.presets import load_preset
+from engine.sampling_params import SamplingParams
+from engine.tools.measure import bench_report, measure_engine, send
+from engine.tools.roofline import ceilings_cache_path, device_ceilings
+from engine.tools.workloads import WorkloadSpec, build_workload, resolve_dataset, warmup_workload
+
+RANDOM_MODELS = {
+    # name: LlamaConfig fields. ~20M parameters: 8.4M in the (untied) embeddings, 2.9M per layer.
+    "random-llama-20m": dict(vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
+                             tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+}
+RANDOM_MODEL_SEED = 0
+RATIO_KEYS = ["output_throughput", "request_throughput", "request_goodput", "total_token_throughput", "mean_ttft_ms",
+              "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_e2el_ms", "median_e2el_ms",
+              "peak_running", "prefix_cache_hit_rate", "weights_bytes", "perplexity", "cpu_ms_per_output_token"]
+TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",
+              "request_goodput",
+              "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+              "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+              "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "peak_running", "prefix_cache_hit_rate",
+              "spec_acceptance_rate", "spec_decode_acceptance_length", "cpu_ms_per_output_token", "weights_bytes",
+              "kv_cache_bytes", "peak_memory_bytes", "perplexity", "tensor_parallel_size", "executor_seconds",
+              "collective_seconds", "collective_share"]
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+def portable_report_text(report: dict) -> str:
+    """The JSON report with this machine's folders written portably (the project root as `.`, the home folder
+    as `~`): results are committed, and must not name the folders of the machine that measured them."""
+    text = json.dumps(report, indent=2, default=str)
+    for folder, portable in ((PROJECT_ROOT, "."), (Path.home(), "~")):
+        text = text.replace(json.dumps(str(folder))[1:-1] + "/", portable + "/")
+    return text
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "inference-playground"
+
+
+def make_random_model(name: str, folder: Path) -> Path:
+    """Save a randomly initialised Llama (fixed seed, no tokenizer) so benchmarks need no hub access."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+        return folder
+    torch.manual_seed(RANDOM_MODEL_SEED)
+    model = LlamaForCausalLM(LlamaConfig(**RANDOM_MODELS[name])).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    return folder
+
+
+def resolve_bench_model(model: str) -> str:
+    """`random-llama-20m` and friends become a folder in the cache; anything else is left to the engine."""
+    if model in RANDOM_MODELS:
+        return str(make_random_model(model, cache_dir() / model))
+    return model
+
+
+# ---- configuration -----------------------------------------------------------------------------
+
+def build_config(preset: str | None, sets: dict, model: str | None = None) -> EngineConfig:
+    """Defaults, then the preset, then --model, then the --set overrides; validated."""
+    values = dict(load_preset(preset)) if preset else {}
+    if model:
+        values["model"] = model
+    values.update(sets)
+    if "model" in values:
+        values["model"] = resolve_bench_model(values["model"])
+    return EngineConfig.from_dict(values)
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
+               ignore_eos: bool, warmup: bool = True, perplexity: bool = False, profile: bool = False,
+               goodput_slos: dict[str, float] | None = None, roofline: bool = True) -> dict:
+    """Load the engine, measure the workload on it (`engine.tools.measure.measure_engine`), and close it. With
+    `roofline`, the run's prefill and decode steps are placed against the device's measured ceilings."""
+    from engine import Engine
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    engine = Engine(config)
+    try:
+        return measure_engine(engine, spec, concurrency, temperature, ignore_eos, warmup, perplexity, profile,
+                              goodput_slos=goodput_slos, roofline=roofline)
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+
+
+# ---- an OpenAI-compatible server instead of an in-process engine -------------------------------
+
+class EndpointEngine:
+    """Stands in for `Engine` in `send`: each `submit` streams one request from an OpenAI-compatible server.
+
+    Token-id and text prompts go to /completions, chat messages to /chat/completions; the output's
+    metrics are this client's own timings (from sending the request) and the server's `usage` counts.
+    """
+
+    def __init__(self, base_url: str, model: str, timeout: float = 600.0):
+        self.base_url, self.model, self.timeout = base_url.rstrip("/"), model, timeout
+
+    def _post(self, path: str, body: dict):
+        request = urllib.request.Request(f"{self.base_url}{path}", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        return urllib.request.urlopen(request, timeout=self.timeout)
+
+    def describe(self) -> dict:
+        """The served model's configuration and, once it is loaded, its engine's figures."""
+        with urllib.request.urlopen(f"{self.base_url}/models/{self.model}", timeout=self.timeout) as response:
+            return json.loads(response.read())
+
+    def submit(self, prompt, params: SamplingParams):
+        chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+        body = {"model": self.model, "max_tokens": params.max_tokens, "temperature": params.temperature,
+                "ignore_eos": params.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
+                "seed": params.seed, ("messages" if chat else "prompt"): prompt}
+        sent = time.perf_counter()
+        chunk_times: list[float] = []
+        text, usage, finish, error = [], {}, None, None
+        try:
+            with self._post("/chat/completions" if chat else "/completions", body) as response:
+                for raw in response:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    if "error" in event:
+                        error = event["error"].get("message")
+                        break
+                    usage = event.get("usage") or usage
+                    for choice in event.get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+                        if piece:
+                            chunk_times.append(time.perf_counter())
+                            text.append(piece)
+                        finish = choice.get("finish_reason") or finish
+        except urllib.error.HTTPError as failure:  # the server's own message, in OpenAI's error format
+            error = f"HTTP {failure.code}: {failure.read().decode(errors='replace')[:300]}"
+        except (urllib.error.URLError, OSError, ValueError) as failure:
+            error = f"{type(failure).__name__}: {failure}"
+        return _EndpointResult(self._output(prompt, "".join(text), sent, chunk_times, usage, finish, error))
+
+    @staticmethod
+    def _output(prompt, text: str, sent: float, chunk_times: list[float], usage: dict, finish, error) -> RequestOutput:
+        outputs = usage.get("completion_tokens", 0)
+        metrics = RequestMetrics(prompt_tokens=usage.get("prompt_tokens", 0), output_tokens=outputs,
+                                 cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+        if chunk_times:
+            metrics.ttft, metrics.e2el = chunk_times[0] - sent, chunk_times[-1] - sent
+            metrics.itl = [b - a for a, b in zip(chunk_times, chunk_times[1:], strict=False)]
+            if outputs > 1:
+                metrics.tpot = (metrics.e2el - metrics.ttft) / (outputs - 1)
+        ids = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else []
+        return RequestOutput(-1, ids, text, [], "error" if error else (finish or "stop"), metrics, error)
+
+
+class _EndpointResult:
+    """What `send` waits on: the request already ran in `submit` (each runs on its own bench thread)."""
+
+    def __init__(self, output: RequestOutput):
+        self._output = output
+
+    def result(self) -> RequestOutput:
+        return self._output
+
+
+def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int, temperature: float,
+                 ignore_eos: bool, warmup: bool = True, goodput_slos: dict[str, float] | None = None) -> dict:
+    """The workload against an OpenAI-compatible server; engine-side figures are whatever the server reports."""
+    endpoint = EndpointEngine(base_url, model)
+    endpoint.submit("Hello", SamplingParams(max_tokens=1))  # loads the served engine, so it can describe itself
+    served = endpoint.describe()
+    engine = served.get("engine") or {}
+    vocab = engine.get("vocab_size")
+    if spec.dataset == "random" and not vocab:
+        raise EngineError(f"{base_url} does not report the vocabulary size of {model!r}; random prompts need it")
+    if warmup:
+        send(endpoint, warmup_workload(spec, vocab or 0), concurrency, temperature, ignore_eos, spec.seed)
+    requests = build_workload(spec, vocab or 0)
+    outputs, duration = send(endpoint, requests, concurrency, temperature, ignore_eos, spec.seed)
+    errors = [o.error for o in outputs if o.finish_reason == "error"]
+    metrics = [o.metrics for o in outputs]
+    result = summarize(metrics, duration, goodput_slos)
+    prompt_tokens = sum(m.prompt_tokens for m in metrics)
+    result.update({
+        "num_prompts": len(requests), "errors": len(errors), "first_error": errors[0] if errors else None,
+        "prefix_cache_hit_rate": sum(m.cached_tokens for m in metrics) / prompt_tokens if prompt_tokens else 0.0,
+        "endpoint": base_url, "model": model, "backend": engine.get("backend"), "attention": engine.get("attention"),
+        "dtype": engine.get("dtype"), "device": engine.get("device"), "config": served.get("config") or {},
+        "decode_profile_text": None,  # a server's decode steps cannot be profiled from here
+    })
+    return result
+
+
+def ratios(base: dict, compare: dict) -> dict:
+    """compare / base for the headline figures (None where base is 0 or missing)."""
+    out = {}
+    for key in RATIO_KEYS:
+        a, b = base.get(key), compare.get(key)
+        out[key] = (b / a) if isinstance(a, int | float) and isinstance(b, int | float) and a else None
+    return out
+
+
+# ---- output ------------------------------------------------------------------------------------
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_table(base: dict, compare: dict | None = None, names: tuple[str, str] = ("base", "compare")) -> str:
+    rows = [("metric", names[0]) + ((names[1], "compare/base") if compare else ())]
+    rat = ratios(base, compare) if compare else {}
+    for key in TABLE_KEYS:
+        row = (key, _fmt(base.get(key)))
+        if compare:
+            ratio = rat.get(key)
+            row += (_fmt(compare.get(key)), f"{ratio:.2f}x" if ratio is not None else "")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _describe(result: dict) -> str:
+    config = result["config"]
+    if "endpoint" in result:
+        return f"{result['endpoint']} model={result['model']} | " + " ".join(f"{k}={config.get(k)}" for k in (
+            "backend", "batching", "max_num_seqs", "kv_layout", "prefix_caching"))
+    speculative = ""
+    if config["speculative"] != "off":
+        source = result.get("draft_model") or "n-gram"
+        speculative = f" speculative={config['speculative']} ({source}) k={config['num_speculative_tokens']}"
+    return (f"{result['backend']} | batching={config['batching']} max_num_seqs={config['max_num_seqs']} "
+            f"kv_layout={config['kv_layout']} prefix_caching={config['prefix_caching']} "
+            f"attention={result['attention']} dtype={result['dtype']} device={result['device']} "
+            f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)"
+            f"{speculative}")
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+def parse_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition(":")
+    if not sep or not low.strip().isdigit() or not high.strip().isdigit() or not 1 <= int(low) <= int(high):
+        raise argparse.ArgumentTypeError(f"expected LO:HI with 1 <= LO <= HI, got {text!r}")
+    return int(low), int(high)
+
+
+def parse_goodput_item(text: str) -> tuple[str, float]:
+    """One --goodput objective, METRIC:MS (vLLM's form)."""
+    name, sep, value = text.partition(":")
+    try:
+        objective = {name.strip(): float(value)} if sep else {}
+        check_goodput_slos(objective)
+    except (ValueError, EngineError):
+        raise argparse.ArgumentTypeError(f"expected METRIC:MS with METRIC one of ttft, tpot, e2el and MS > 0, "
+                                         f"got {text!r}") from None
+    if not objective:
+        raise argparse.ArgumentTypeError(f"expected METRIC:MS, got {text!r}")
+    return next(iter(objective.items()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", help="optimization preset name (presets/NAME.toml) or path")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override an EngineConfig field (repeatable), e.g. --set max_num_seqs=64")
+    parser.add_argument("--model", help="shortcut for --set model=...; random-llama-20m builds a local random model")
+    parser.add_argument("--compare", metavar="PRESET", help="also run this preset (plus the same --set/--model) "
+                        "on the same requests and print compare/base ratios")
+    parser.add_argument("--compare-set", dest="compare_sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="overrides applied only to the --compare run (after its preset)")
+    parser.add_argument("--dataset", default="random", help="random | chat | path to a .jsonl of prompts")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128, help="unique tokens per random prompt")
+    parser.add_argument("--input-len-range", type=parse_range, metavar="LO:HI",
+                        help="draw each random prompt's own tokens uniformly from LO..HI (mixed lengths)")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-len-range", type=parse_range, metavar="LO:HI",
+                        help="draw each request's output length uniformly from LO..HI (mixed lengths)")
+    parser.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens before each random prompt")
+    parser.add_argument("--concurrency", type=int, default=None, help="max requests in flight (default: all)")
+    parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second")
+    parser.add_argument("--goodput", nargs="+", type=parse_goodput_item, metavar="METRIC:MS",
+                        help="service-level objectives (ttft, tpot, e2el in ms), e.g. --goodput ttft:200 tpot:50: "
+                             "adds request_goodput, the completed requests per second that met all of them (vLLM)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                        help="generate exactly the output length (default: on for random prompts)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up requests")
+    parser.add_argument("--perplexity", action="store_true",
+                        help="also measure each configuration's perplexity on the demo model's held-out text")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each native run, print its decode steps against their matmul floor (step time, "
+                             "floor, ratio, shares of attention, KV writes/gathers, LM head, sampling, scheduling, "
+                             "minor page faults per step)")
+    parser.add_argument("--no-roofline", action="store_true",
+                        help="skip placing each native run's prefill and decode steps on the device's roofline "
+                             "(its ceilings are measured once per device and dtype, then read from a cache file)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run base and --compare alternately this many times each (interleaved, so that a "
+                             "change in machine load hits both) and print each round's ratios and their median")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (torch.set_num_threads) for every run")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--endpoint", metavar="URL", help="benchmark an OpenAI-compatible server (its /v1 base URL) "
+                        "instead of an in-process engine; --model names the served model")
+    parser.add_argument("--ceilings", action="store_true",
+                        help="only print this device's roofline ceilings in --set dtype (default float32) and exit: "
+                             "measured once, then read from the cache file")
+    parser.add_argument("--refresh-ceilings", action="store_true",
+                        help="measure the ceilings again (keeping the best of each) before using them")
+    parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
+                        help="only build random-llama-20m into FOLDER and exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.make_random_model:
+        folder = make_random_model("random-llama-20m", args.make_random_model)
+        print(f"random-llama-20m saved in {folder}")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ceilings or args.refresh_ceilings:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = parse_sets(args.sets).get("dtype", "auto")
+        if dtype == "auto":  # what the engine resolves `auto` to for most checkpoints
+            dtype = "bfloat16" if device == "cuda" else "float32"
+        ceilings = device_ceilings(device, dtype, refresh=args.refresh_ceilings)
+        print(f"{ceilings.describe()}; cache file: {ceilings_cache_path()}")
+        if args.ceilings:
+            return 0
+    try:
+        if args.endpoint:  # the served configurations are MODEL@PRESET ids; the server resolves them
+            model = args.model or parse_sets(args.sets).get("model") or "demo"
+            base_config = f"{model}@{args.preset}" if args.preset else model
+            compare_config = f"{model}@{args.compare}" if args.compare else None
+        else:
+            sets = parse_sets(args.sets)
+            base_config = build_config(args.preset, sets, args.model)
+            compare_config = None
+            if args.compare:
+                compare_sets = {**sets, **parse_sets(args.compare_sets)}
+                compare_config = build_config(args.compare, compare_sets, args.model or base_config.model)
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    dataset = resolve_dataset(args.dataset, model if args.endpoint else base_config.model)
+    spec = WorkloadSpec(dataset=dataset, num_prompts=args.num_prompts, input_len=args.input_len,
+                        output_len=args.output_len, output_len_range=args.output_len_range,
+                        input_len_range=args.input_len_range, prefix_len=args.prefix_len,
+                        request_rate=args.request_rate, seed=args.seed)
+    ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
+    concurrency = args.concurrency or args.num_prompts
+    goodput_slos = dict(args.goodput or [])
+    print(f"{describe_device()}; torch threads: {torch.get_num_threads()}")
+    print(f"workload: {json.dumps(asdict(spec), default=str)} "
+          f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")
+    results: dict[str, dict] = {}
+    round_ratios: list[dict] = []
+    try:
+        for round_index in range(max(1, args.rounds)):
+            this_round = {}
+            for name, config in (("base", base_config), ("compare", compare_config)):
+                if config is None:
+                    continue
+                if args.endpoint:
+                    this_round[name] = run_endpoint(args.endpoint, config, spec, concurrency, args.temperature,
+                                                    ignore_eos, not args.no_warmup, goodput_slos)
+                else:
+                    this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
+                                                  not args.no_warmup, args.perplexity, args.profile, goodput_slos,
+                                                  not args.no_roofline)
+                if round_index == 0:
+                    print(f"{name}: {_describe(this_round[name])}")
+            results = results or this_round
+            if "compare" in this_round:
+                round_ratios.append(ratios(this_round["base"], this_round["compare"]))
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    base, compare = results["base"], results.get("compare")
+    print(format_table(base, compare, (args.preset or "base", args.compare or "compare")))
+    for name, result in results.items():
+        if result["decode_profile_text"]:
+            print(f"{name} ({result['backend']}, {result['attention']}): {result['decode_profile_text']}")
+    for name, result in results.items():
+        if result.get("roofline_text"):
+            print(f"{name}: {result['roofline_text']}")
+    for name, result in results.items():
+        if result["errors"]:
+            print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)
+    report = bench_report(base, spec, concurrency, args.temperature, ignore_eos, args.preset, goodput_slos)
+    if compare:
+        report["compare_preset"] = args.compare
+        report["compare"] = compare
+        report["ratios"] = ratios(base, compare)
+        print("ratios compare/base: " + ", ".join(f"{k}={v:.2f}x" for k, v in report["ratios"].items()
+                                                 if v is not None))
+    if len(round_ratios) > 1:
+        report["round_ratios"] = round_ratios
+        for key in ("output_throughput", "cpu_ms_per_output_token", "mean_tpot_ms", "median_tpot_ms"):
+            values = [r[key] for r in round_ratios if r.get(key) is not None]
+            if values:
+                print(f"{key} compare/base per round: {' '.join(f'{v:.2f}x' for v in values)}; "
+                      f"median {statistics.median(values):.2f}x")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(portable_report_text(report))
+        print(f"wrote {args.json}")
+    return 1 if any(r["errors"] for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
