@@ -14,8 +14,9 @@ from engine.core.perplexity import PerplexityResult
 from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
-from engine.hub import ModelEntry, list_models
+from engine.hub import ModelEntry, hub_repo, list_models
 from engine.info import EngineInfo, EngineStats, StepRecord
+from engine.library_logs import drop_unactionable_library_logs
 from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
 from engine.presets import list_presets, load_preset, preset_description
@@ -26,11 +27,13 @@ from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
 from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, resolve_dataset
 
+drop_unactionable_library_logs()
+
 __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "Engine", "EngineConfig",
            "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "GOODPUT_METRICS", "MemoryEstimate",
            "ModelEntry", "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics",
            "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "WorkloadSpec",
            "bench_report", "build_workload", "check_goodput_slos", "choice_note", "describe_device",
-           "device_ceilings", "engine_roofline", "estimate_memory", "list_models", "list_presets", "load_preset",
-           "measure_engine", "parse_sets", "plan_engine", "preset_description", "resolve_dataset",
+           "device_ceilings", "engine_roofline", "estimate_memory", "hub_repo", "list_models", "list_presets",
+           "load_preset", "measure_engine", "parse_sets", "plan_engine", "preset_description", "resolve_dataset",
            "tensor_parallel_reason", "unavailable_reason"]

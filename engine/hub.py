@@ -65,31 +65,49 @@ def curated_draft(model: str, draft_model: str | None = None) -> str:
     return entry.draft
 
 
-def resolve_model_path(model: str) -> Path:
-    """A local folder holding config.json for `model`: a curated name, a folder, or a hub id to download."""
+def hub_repo(model: str) -> str | None:
+    """The hub repository `model` (a curated name, a local folder or a hub id) is fetched from; None when its files
+    are local (a bundled model or a folder)."""
     entry = list_models().get(model)
     source = entry.source if entry else model
+    if not isinstance(source, str) or _local_folder(source) is not None or not _HUB_ID.match(source):
+        return None
+    return source
+
+
+def _local_folder(source: str) -> Path | None:
     local = Path(source) if Path(source).is_absolute() else PROJECT_ROOT / source
-    for candidate in (local, Path(source)):
-        if candidate.is_dir():
-            if not (candidate / "config.json").is_file():
-                raise ModelLoadError(f"{candidate} has no config.json: not a Hugging Face model folder")
-            return candidate
+    return next((candidate for candidate in (local, Path(source)) if candidate.is_dir()), None)
+
+
+def resolve_model_path(model: str, download: bool = True) -> Path:
+    """A local folder holding config.json for `model`: a curated name, a folder, or a hub id, downloaded unless
+    `download` is off (then a hub model must already be in the local cache, or ModelLoadError says so)."""
+    entry = list_models().get(model)
+    source = entry.source if entry else model
+    folder = _local_folder(source)
+    if folder is not None:
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"{folder} has no config.json: not a Hugging Face model folder")
+        return folder
     if entry is not None and not _HUB_ID.match(source):
         raise ModelLoadError(f"curated model {model!r} points to {source}, which is missing "
                              "(the bundled demo pair is rebuilt by `make demo-model`)")
     if not _HUB_ID.match(source):
         raise ModelLoadError(f"unknown model {model!r}: not a curated name ({', '.join(list_models())}), "
                              "not a local folder and not a hub id of the form 'org/name'")
-    return _download(source)
+    return _download(source, local_only=not download)
 
 
-def _download(repo_id: str) -> Path:
+def _download(repo_id: str, local_only: bool) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
-    except Exception as error:  # network, auth (gated repos) and not-found errors all end here
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=local_only))
+    except Exception as error:  # network, auth (gated repos), not-found and not-in-cache errors all end here
+        if local_only:
+            raise ModelLoadError(f"{repo_id!r} is not in the local cache yet (loading it downloads it first)") \
+                from error
         raise ModelLoadError(f"could not fetch {repo_id!r} from the Hugging Face Hub: "
                              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from error
 

@@ -105,10 +105,11 @@ class EnginePlan:
         return " · ".join(parts)
 
 
-def plan_engine(config: EngineConfig) -> EnginePlan:
-    """Resolve `config` against its checkpoint and this host; raises ConfigError / ModelLoadError."""
+def plan_engine(config: EngineConfig, download: bool = True) -> EnginePlan:
+    """Resolve `config` against its checkpoint and this host; raises ConfigError / ModelLoadError. Without
+    `download`, a hub model (or draft) that is not in the local cache is refused instead of fetched."""
     config = config.validate()
-    path = resolve_model_path(config.model)
+    path = resolve_model_path(config.model, download)
     hf_config = load_hf_config(path)
     architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
     not_native = _not_native_reason(architecture, hf_config)
@@ -128,7 +129,7 @@ def plan_engine(config: EngineConfig) -> EnginePlan:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config, hf_config, device)
     if config.backend == "native":
-        return _plan_native(config, path, hf_config, architecture, device, dtype, notices)
+        return _plan_native(config, path, hf_config, architecture, device, dtype, notices, download)
     return _plan_hf(config, path, hf_config, architecture, device, dtype, notices)
 
 
@@ -176,14 +177,14 @@ def _not_native_reason(architecture: str, hf_config) -> str | None:
 
 
 def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str, device: str, dtype: torch.dtype,
-                 notices: list[str]) -> EnginePlan:
+                 notices: list[str], download: bool) -> EnginePlan:
     spec = convert_spec(ModelSpec.from_hf_config(hf_config), config.gqa)
     reason = tensor_parallel_reason(config.tensor_parallel_size, config.device, spec.num_heads, spec.num_kv_heads,
                                     spec.intermediate_size)
     if reason:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
     check_level(config.quantization, dtype)
-    draft = _plan_draft(config, path, hf_config) if config.speculative == "draft" else None
+    draft = _plan_draft(config, path, hf_config, download) if config.speculative == "draft" else None
     max_model_len = _native_max_model_len(config, spec, *([draft.spec] if draft else []))
     kernels, kernels_notice = _cpu_kernels(config, device, dtype)
     if kernels_notice:
@@ -259,9 +260,9 @@ def _hf_ignored_knobs(config: EngineConfig, device: str) -> list[str]:
     return ["the hf backend ignores " + "; ".join(ignored)] if ignored else []
 
 
-def _plan_draft(config: EngineConfig, target_path: Path, target_hf_config) -> DraftPlan:
+def _plan_draft(config: EngineConfig, target_path: Path, target_hf_config, download: bool) -> DraftPlan:
     name = curated_draft(config.model, config.draft_model)
-    path = resolve_model_path(name)
+    path = resolve_model_path(name, download)
     hf_config = load_hf_config(path)
     spec = check_draft(name, path, hf_config, target_path, target_hf_config)
     return DraftPlan(name, path, hf_config, spec)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny_models import TINY_ARCHITECTURES, build_tiny_chat_model, build_tiny_model
+from tests.support.tiny_models import TINY_ARCHITECTURES, build_tiny_chat_model, build_tiny_model
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,7 +21,7 @@ import pytest
 
 from engine import CHOICES, choice_note, list_models, unavailable_reason
 from playground.settings import Settings
-from tests.ui_helpers import pick_model, start_app
+from tests.support.ui_helpers import pick_model, start_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

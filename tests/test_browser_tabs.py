@@ -12,8 +12,8 @@ import json
 
 import pytest
 
+from tests.support.ui_helpers import pick_model, start_app
 from tests.test_browser import browser, open_page, pytestmark, shots  # noqa: F401 (fixtures and marks)
-from tests.ui_helpers import pick_model, start_app
 
 
 @pytest.fixture(scope="module")

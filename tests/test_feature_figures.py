@@ -15,7 +15,7 @@ from playground.feature_figures import features_html, tensor_parallel_rows
 from playground.figures import figures_html, reply_figures
 from playground.serve import create_playground
 from playground.settings import Settings
-from tests.reference_figures import engine_info
+from tests.support.reference_figures import engine_info
 
 REPEATING_PROMPT = [5, 6, 7, 8, 9] * 6
 

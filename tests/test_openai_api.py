@@ -13,7 +13,7 @@ import pytest
 
 from engine import SamplingParams
 from playground.settings import Settings
-from tests.ui_helpers import pick_model, start_app
+from tests.support.ui_helpers import pick_model, start_app
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What does the json module do?"}]

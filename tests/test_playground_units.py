@@ -21,7 +21,7 @@ from playground.form import FORM_FIELDS, config_to_form, enforce_caps, extras_of
 from playground.params import parse_sampling
 from playground.pool import EnginePool, OverBudget
 from playground.settings import Settings
-from tests.reference_figures import engine_info
+from tests.support.reference_figures import engine_info
 
 # ----- engine pool ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from playground.chat import CHAT_OUTPUTS
 from playground.form import FORM_FIELDS, config_to_form
 from playground.session import config_key
 from playground.settings import Settings
-from tests.ui_helpers import ROOT, api_client, free_port, serving
+from tests.support.ui_helpers import ROOT, api_client, free_port, serving
 
 pytestmark = pytest.mark.slow
 

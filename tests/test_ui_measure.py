@@ -15,8 +15,8 @@ from engine import WorkloadSpec, build_workload
 from engine.tools.bench import main as bench_main
 from playground.compare import FIGURE_KEYS
 from playground.settings import Settings
-from tests.engine_waits import wait_until_idle
-from tests.ui_helpers import api_client, serving
+from tests.support.engine_waits import wait_until_idle
+from tests.support.ui_helpers import api_client, serving
 
 pytestmark = pytest.mark.slow
 PROMPTS = "What does the json module do?\nHow do I read a file line by line?"

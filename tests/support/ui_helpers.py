@@ -1,0 +1,63 @@
+"""Starting the real playground (real engine pool) in-process on a free port, for the UI, API and browser tests.
+
+The model is the bundled demo model when it is there, else a tiny random Llama with a tokenizer and
+a chat template built in a temporary folder (so the chat path is the real one either way).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+from engine import list_models
+from tests.support.paths import PROJECT_ROOT
+from tests.support.tiny_models import build_tiny_chat_model
+
+ROOT = PROJECT_ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pick_model(tmp_path_factory) -> str:
+    """The bundled demo model when present, else a tiny random one."""
+    entry = list_models().get("demo")
+    if entry is not None and (ROOT / entry.source / "config.json").is_file():
+        return "demo"
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+def start_app(model: str, settings, models: dict | None = None):
+    """The real app on a free port of 127.0.0.1; returns (playground, demo, url)."""
+    from playground.layout import build_app
+    from playground.serve import create_playground, launch
+
+    app = create_playground(settings, default_model=model, models=models)
+    demo = build_app(app)
+    port = free_port()
+    launch(app, demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    return app, demo, f"http://127.0.0.1:{port}/"
+
+
+@contextmanager
+def serving(tmp_path_factory, settings) -> Iterator[SimpleNamespace]:
+    """The real app on the picked model with `settings`, as (app, url, model); closed afterwards."""
+    model = pick_model(tmp_path_factory)
+    app, demo, url = start_app(model, settings)
+    try:
+        yield SimpleNamespace(app=app, url=url, model=model)
+    finally:
+        demo.close()
+        app.pool.close()
+
+
+def api_client(url: str):
+    """A gradio_client for the app at `url` (one client is one session)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False)
