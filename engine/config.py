@@ -1,9 +1,9 @@
-"""`EngineConfig`: every knob of the engine, validated up front.
+"""`EngineConfig`: every knob of the engine, validated when a configuration is built.
 
-The field names are a contract (DESIGN.md): they are also the keys of the preset TOML files and
-the labels of the playground's controls. Validation here only needs the config itself and the
-host (is CUDA there, is flash-attn importable); checks that need the model's own config.json
-(context length, head counts) happen when the engine loads it.
+The field names are a contract (docs/metrics.md lists them): they are also the keys of the preset
+TOML files and the labels of the playground's controls. Validation here only needs the config
+itself and the host (is CUDA there, is flash-attn importable); checks that need the model's own
+config.json (context length, head counts) happen when the configuration is planned (`engine/plan.py`).
 """
 
 from __future__ import annotations

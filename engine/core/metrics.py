@@ -1,4 +1,4 @@
-"""Metric definitions shared by the engine, the bench and the UI (DESIGN.md, "Metrics").
+"""Metric definitions shared by the engine, the bench and the UI (docs/metrics.md).
 
 Per request, from its arrival: TTFT = first token - arrival; E2EL = last token - arrival;
 TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = each gap between consecutive tokens.

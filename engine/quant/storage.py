@@ -4,7 +4,7 @@ Quantization libraries store a weight in forms `numel() * element_size()` does n
 optimum-quanto and torchao as tensor subclasses whose data and scales are inner tensors
 (reachable through `__tensor_flatten__`), bitsandbytes as a packed uint8 parameter whose block
 scales live in a `quant_state` (4-bit) or an `SCB` attribute (LLM.int8). Counting the storage of
-every plain tensor underneath, each storage once, gives the real figure (DESIGN.md: never
+every plain tensor underneath, each storage once, gives the real figure (docs/metrics.md: never
 `get_memory_footprint`). bitsandbytes' LLM.int8 layer moves its row scales from the weight to its
 matmul `state` at the first call, so a module's `state` is searched too. Both backends report
 `weights_bytes` with `weight_storage_bytes`.

@@ -96,7 +96,7 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
 def speculative_figures(before: EngineStats, after: EngineStats, speculative: bool) -> dict:
     """Acceptance over the measured requests only (the warm-up's verifications subtracted).
 
-    `spec_acceptance_rate` is accepted / proposed (DESIGN.md); with speculation on, vLLM's bench names
+    `spec_acceptance_rate` is accepted / proposed (docs/metrics.md); with speculation on, vLLM's bench names
     follow: its acceptance rate in percent, the acceptance length (1 + accepted per verification step,
     the bonus token counted), the counters, and for each proposal position the share of verification
     steps that accepted it. `spec_mean_accepted_tokens` is the acceptance length without the bonus token.
