@@ -25,7 +25,7 @@ from engine.host import flash_attn_available, resolve_device
 from engine.hub import curated_draft, load_hf_config, resolve_model_path
 from engine.model import cpu_kernels
 from engine.model.gqa import convert_spec
-from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
+from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec, checkpoint_architecture
 from engine.quant.checkpoint import check_prequantized, prequantized_method
 from engine.quant.methods import check_level
 from engine.runner.build import kv_block_bytes
@@ -111,7 +111,7 @@ def plan_engine(config: EngineConfig, download: bool = True) -> EnginePlan:
     config = config.validate()
     path = resolve_model_path(config.model, download)
     hf_config = load_hf_config(path)
-    architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
+    architecture = checkpoint_architecture(hf_config)
     not_native = _not_native_reason(architecture, hf_config)
     notices: list[str] = []
     if config.backend == "native" and not_native:

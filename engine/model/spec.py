@@ -13,6 +13,11 @@ from dataclasses import dataclass
 NATIVE_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
+def checkpoint_architecture(hf_config) -> str:
+    """The model class a checkpoint's config.json names ("unknown" when it names none)."""
+    return (getattr(hf_config, "architectures", None) or ["unknown"])[0]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The shapes and switches the native model is built from."""
@@ -38,7 +43,7 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config) -> ModelSpec:
-        architecture = (config.architectures or [""])[0]
+        architecture = checkpoint_architecture(config)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         use_window = getattr(config, "use_sliding_window", True)
         return cls(

@@ -28,7 +28,7 @@ from engine.hub import load_tokenizer
 from engine.model.linear import BuildContext
 from engine.model.llama import LlamaForCausalLM
 from engine.model.sampler import SamplingTensors, counter_uniform, filtered_probs, sample_from
-from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec
+from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec, checkpoint_architecture
 from engine.runner.model_runner import ModelRunner
 from engine.runner.step_plan import SequenceChunk, StepPlan
 from engine.speculative.verify import STREAM_DRAFT
@@ -36,7 +36,7 @@ from engine.speculative.verify import STREAM_DRAFT
 
 def check_draft(name: str, path: Path, hf_config, target_path: Path, target_hf_config) -> ModelSpec:
     """The draft's shapes, refusing a draft the engine cannot verify against the target."""
-    architecture = (getattr(hf_config, "architectures", None) or ["unknown"])[0]
+    architecture = checkpoint_architecture(hf_config)
     if architecture not in NATIVE_ARCHITECTURES:
         raise ModelLoadError(f"draft {name!r} is a {architecture}; a draft runs in the native engine "
                              f"({', '.join(NATIVE_ARCHITECTURES)})")

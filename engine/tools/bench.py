@@ -132,7 +132,7 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
                goodput_slos: dict[str, float] | None = None, roofline: bool = True) -> dict:
     """Load the engine, measure the workload on it (`engine.tools.measure.measure_engine`), and close it. With
     `roofline`, the run's prefill and decode steps are placed against the device's measured ceilings."""
-    from engine import Engine
+    from engine.engine import Engine
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()

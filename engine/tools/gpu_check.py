@@ -100,7 +100,9 @@ def reference_greedy(path: str, prompts: list[list[int]], max_new_tokens: int, d
 
 def native_greedy(path: str, prompts: list[list[int]], max_new_tokens: int, dtype: str, device: str = "cuda",
                   **config) -> list[list[int]]:
-    from engine import Engine, EngineConfig, SamplingParams
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.sampling_params import SamplingParams
 
     with Engine(EngineConfig(model=path, backend="native", device=device, dtype=dtype, **config)) as engine:
         outputs = engine.generate(prompts, SamplingParams(max_tokens=max_new_tokens, ignore_eos=True))

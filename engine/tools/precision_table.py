@@ -70,7 +70,7 @@ def _timed_run(engine, spec: WorkloadSpec, concurrency: int, warm_up: bool) -> d
 
 def _load_row(base: dict, changes: dict) -> tuple[object, dict]:
     """The row's engine and the figures it has once loaded (memory, heads, load time)."""
-    from engine import Engine
+    from engine.engine import Engine
 
     started = time.perf_counter()
     engine = Engine(EngineConfig.from_dict({**base, **changes}))
