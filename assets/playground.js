@@ -1,9 +1,9 @@
 () => {
-  // The playground's page script (run once on load; see playground/layout.py).
+  // The playground's page script (run once on load; filled in by page_js in playground/app.py).
   // 1. Radio choices that cannot run on this host are disabled, with the reason as their tooltip; the
   //    others carry the engine's note on them (what they do, whether they are slow here) as theirs.
   // 2. On a narrow screen the engine panel and the sampling controls start collapsed (CSS puts the chat first).
-  // 3. Every control named in the glossary gets its plain-words entry as a tooltip (playground/glossary.py).
+  // 3. Every control named in the glossary gets its plain-words entry as a tooltip (playground/glossary/terms.py).
   // 4. The wait a person sees: from Enter (or Send, or an example) to the first text of the new reply
   //    on screen, sent to the server to sit beside the engine's own TTFT. It is sent once the reply's
   //    figures are final, and again while they do not show it: the reply's last update, computed before

@@ -487,7 +487,7 @@ def soak(app, url: str, requests: int = 200, clients: int = 16, max_tokens: int 
     from gradio_client import Client
 
     base = (url.split("//")[1].split(":")[0], int(url.rstrip("/").rsplit(":", 1)[1]))
-    model = app.default_config["model"]
+    model = app.default_config.model
     gradio_clients = [Client(url, verbose=False) for _ in range(max(1, clients // 4))]
     client_threads = _client_threads(gradio_clients)
     rounds = []
@@ -630,7 +630,7 @@ def _run_all(jobs: list[Job], base, gradio_clients, clients: int, timeout: float
 def start_public_app(settings_env: dict | None = None):
     """The playground in public mode (as on a Space) on a free loopback port: (app, demo, url)."""
     from engine import list_models
-    from playground.settings import Settings
+    from playground.shared.settings import Settings
     from tests.support.ui_helpers import start_app
 
     env = {"PLAYGROUND_PUBLIC": "1", **(settings_env or {})}

@@ -34,8 +34,7 @@ def pick_model(tmp_path_factory) -> str:
 
 def start_app(model: str, settings, models: dict | None = None):
     """The real app on a free port of 127.0.0.1; returns (playground, demo, url)."""
-    from playground.layout import build_app
-    from playground.serve import create_playground, launch
+    from playground.app import build_app, create_playground, launch
 
     app = create_playground(settings, default_model=model, models=models)
     demo = build_app(app)

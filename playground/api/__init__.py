@@ -1,0 +1,1 @@
+"""The playground's HTTP APIs beside Gradio's own: the OpenAI-compatible routes."""

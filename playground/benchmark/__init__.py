@@ -1,0 +1,1 @@
+"""The Benchmark tab: a workload on the active configuration, measured as `python -m engine.bench` measures it."""

@@ -1,0 +1,138 @@
+"""The chat tab's layout and wiring: the chat box with its composer, example questions, sampling controls and
+exports; the live charts beside it; the page's report of the wait it measured; `/chat`, `/clear`, `/export`.
+
+The charts are drawn by `playground/figures/live_charts.py` and refreshed by `chat/charts.py` while a
+reply streams (and by the page's timer). On a narrow screen the chat comes first (assets/style.css).
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from playground.chat.charts import LiveCharts
+from playground.chat.handlers import CHAT_OUTPUTS, LATENCY_OUTPUTS, ChatHandlers
+from playground.figures import live_charts
+from playground.figures.features import features_html
+from playground.shared.settings import Settings
+
+STORAGE_KEY = "inference-playground-conversation"
+PLOT_HEIGHT = 170
+SAMPLING = ("system_prompt", "max_tokens", "temperature", "top_p", "top_k", "sample_seed", "stop_strings")
+# element id -> glossary term, for the tooltips
+TOOLTIPS = {"system-prompt": "system_prompt", "max-tokens": "max_tokens", "temperature": "temperature",
+            "top-p": "top_p", "top-k": "top_k", "sample-seed": "sample_seed", "stop-strings": "stop_strings",
+            "measure-ppl": "measure_perplexity"}
+PRIVATE = {"api_visibility": "private"}
+
+
+def build_chat_column(settings: Settings, ui: dict) -> None:
+    """The chat box, its composer, example questions, sampling controls and exports, added to `ui` by name."""
+    ui["chatbot"] = gr.Chatbot(
+        label="chat", show_label=False, height="calc(100vh - 420px)", min_height=360, elem_id="chat",
+        buttons=["copy"], editable="user", feedback_options=None, sanitize_html=True, layout="bubble",
+        placeholder="<div class='empty'><b>Chat with the engine.</b><br>Each reply carries its own figures: the "
+                    "engine's TTFT and your wait from Enter to the first text, decode speed and token counts. The "
+                    "charts move while it streams.</div>")
+    ui["notice"] = gr.HTML(elem_id="chat-notice")
+    with gr.Row(elem_id="composer"):
+        ui["message"] = gr.Textbox(show_label=False, placeholder="Message the model… (Enter to send)", scale=8,
+                                   elem_id="message", lines=1, max_lines=6, max_length=settings.max_message_chars)
+        ui["send"] = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="send")
+        ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
+    ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[], label="try asking",
+                                visible=False, elem_id="examples", type="values")
+    with gr.Accordion("Sampling, system prompt, export", open=True, elem_id="sampling-acc"):
+        ui["system_prompt"] = gr.Textbox("", label="system prompt", lines=1, max_lines=4, elem_id="system-prompt",
+                                         placeholder="optional: how the assistant should behave",
+                                         max_length=settings.max_message_chars)
+        with gr.Row(elem_id="sampling"):
+            ui["max_tokens"] = gr.Slider(1, settings.max_new_tokens, value=min(128, settings.max_new_tokens), step=1,
+                                         label="max_tokens", info="new tokens per reply", elem_id="max-tokens")
+            ui["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature", info="0 = greedy",
+                                          elem_id="temperature")
+            ui["top_p"] = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top_p", info="nucleus (1 = off)",
+                                    elem_id="top-p")
+            ui["top_k"] = gr.Number(value=0, label="top_k", precision=0, minimum=0, info="0 = off", elem_id="top-k")
+        with gr.Row(elem_id="sampling-2"):
+            ui["sample_seed"] = gr.Textbox("", label="seed", placeholder="random", elem_id="sample-seed", max_length=20,
+                                           info="blank = random; a number repeats a sampled reply")
+            ui["stop_strings"] = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, max_choices=4,
+                                             label="stop strings", info="type one and press Enter (up to 4)",
+                                             elem_id="stop-strings")
+        with gr.Row(elem_id="chat-tools"):
+            ui["clear"] = gr.Button("Clear chat", size="sm", elem_id="clear", min_width=80)
+            ui["export_json"] = gr.DownloadButton("Export JSON", size="sm", interactive=False, elem_id="export-json")
+            ui["export_md"] = gr.DownloadButton("Export Markdown", size="sm", interactive=False, elem_id="export-md")
+
+
+def _line_plot(spec: live_charts.ChartSpec, visible: bool = True) -> gr.LinePlot:
+    # y_lim starts every axis at 0 (gradio's plots do not include zero by themselves); the colour map fixes
+    # each series' colour from the first frame. The block label names the chart before it has data.
+    return gr.LinePlot(x=spec.x, y=spec.y, color="series", color_map=spec.series, color_title=" ", label=spec.title,
+                       show_label=True,
+                       x_title=spec.x_title, y_title=spec.y_title, y_lim=[0, 8 if spec.integer_y else None],
+                       y_axis_format="d" if spec.integer_y else "~s", x_lim=[-live_charts.WINDOW_S, 0],
+                       height=PLOT_HEIGHT, elem_id=f"chart-{spec.name}", elem_classes=["chart"], visible=visible)
+
+
+def build_chart_column(ui: dict) -> None:
+    """The live charts, added to `ui` by name: TTFT per turn, throughput, memory, KV blocks, batch, speculative
+    acceptance (shown while speculating), and quality beside the optimizations with its perplexity button."""
+    ui["ttft_chart"] = gr.HTML(live_charts.ttft_html([]), elem_id="chart-ttft", elem_classes=["chart-html"])
+    ui["throughput"] = _line_plot(live_charts.THROUGHPUT)
+    ui["memory_chart"] = gr.HTML(live_charts.memory_html(None, None, ""), elem_id="chart-memory",
+                                 elem_classes=["chart-html"])
+    ui["kv_blocks"] = _line_plot(live_charts.KV_BLOCKS)
+    ui["batch"] = _line_plot(live_charts.BATCH)
+    ui["spec_chart"] = _line_plot(live_charts.SPECULATIVE, visible=False)
+    ui["features"] = gr.HTML(features_html(None, None, None, None, None), elem_id="chart-features",
+                             elem_classes=["chart-html"])
+    ui["measure_ppl"] = gr.Button("Measure perplexity", size="sm", elem_id="measure-ppl")
+
+
+def build_latency_reporter(ui: dict) -> None:
+    """The hidden box and button through which the page script reports the wait it measured (Enter -> text)."""
+    with gr.Row(visible="hidden", elem_id="latency-row"):
+        ui["latency"] = gr.Textbox(elem_id="visible-latency")
+        ui["latency_send"] = gr.Button(elem_id="visible-latency-send")
+
+
+def wire_chat_api(chat: ChatHandlers, ui: dict, session) -> None:
+    """`/chat`, `/clear` and `/export` for API clients (gradio_client): plain text and figures, clear errors."""
+    with gr.Group(visible=False):
+        reply, figures = gr.Textbox(label="reply"), gr.JSON(label="figures")
+        as_json, as_markdown = gr.Textbox(label="json"), gr.Textbox(label="markdown")
+        status = gr.Textbox(label="status")
+        send, clear, export = gr.Button("chat"), gr.Button("clear"), gr.Button("export")
+    sampling = [ui["message"], *[ui[name] for name in SAMPLING]]
+    send.click(chat.api_chat, [*sampling, session], [reply, figures], api_name="chat",
+               concurrency_limit=chat.settings.max_concurrent_chats, concurrency_id="chat")
+    clear.click(chat.api_clear, [session], [status], api_name="clear")
+    export.click(chat.api_export, [session], [as_json, as_markdown], api_name="export")
+
+
+def wire_chat(chat: ChatHandlers, charts: LiveCharts, ui: dict, session) -> None:
+    """The chat's events: send (Enter, Send, an example), the chat box's own icons (retry, edit, undo, trash),
+    Stop, Clear, the perplexity button and the page's latency report."""
+    sampling = [ui[name] for name in SAMPLING]
+    chat_kwargs = dict(concurrency_limit=chat.settings.max_concurrent_chats, concurrency_id="chat",
+                       show_progress="hidden", **PRIVATE)
+    outputs = [ui[name] for name in CHAT_OUTPUTS]
+    # always_last: a message sent while the previous event is still closing runs after it instead of being
+    # dropped (gradio's default for submit ignores it).
+    sent = gr.on([ui["message"].submit, ui["send"].click], chat.send, [ui["message"], *sampling, session], outputs,
+                 trigger_mode="always_last", **chat_kwargs)
+    example = ui["examples"].click(chat.example, ui["examples"], ui["message"], queue=False, **PRIVATE).then(
+        chat.send, [ui["message"], *sampling, session], outputs, **chat_kwargs)
+    retried = ui["chatbot"].retry(chat.regenerate, [*sampling, session], outputs, **chat_kwargs)
+    edited = ui["chatbot"].edit(chat.edit, [*sampling, session], outputs, **chat_kwargs)
+    ui["stop"].click(chat.request_stop, [session], None, queue=False, **PRIVATE).then(
+        chat.stopped, [session], outputs, **PRIVATE)
+    ui["stop"].click(None, cancels=[sent, example, retried, edited], **PRIVATE)
+    ui["chatbot"].undo(chat.undo, [session], outputs, **PRIVATE)
+    ui["chatbot"].clear(chat.clear, [session], outputs, **PRIVATE)
+    ui["clear"].click(chat.clear, [session], outputs, **PRIVATE)
+    ui["measure_ppl"].click(charts.measure_perplexity, [session], ui["features"], concurrency_limit=1,
+                            concurrency_id="measure", **PRIVATE)
+    ui["latency_send"].click(chat.record_visible_latency, [ui["latency"], session],
+                             [ui[name] for name in LATENCY_OUTPUTS], queue=False, show_progress="hidden", **PRIVATE)

@@ -1,0 +1,96 @@
+"""What the loaded engine's optimizations cost and gain, beside the chat: one HTML panel.
+
+Why: a faster or smaller configuration is only a win if its quality holds, so the panel puts the held-out
+perplexity beside the weights' bytes (before and after quantization), and, where those features are on,
+speculative decoding's acceptance (overall, tokens per verification step, by proposal position) and
+tensor parallelism's communication share per rank. Everything comes from the engine's public figures
+(`stats()`, `info`, `held_out_perplexity`) and `estimate_memory`; the functions are pure, so tests
+compare what is shown with what the engine reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+
+from engine import EngineConfig, EngineInfo, EngineStats, PerplexityResult, estimate_memory
+from playground.figures.units import format_bytes
+
+
+@functools.lru_cache(maxsize=64)
+def unquantized_weights_bytes(config: EngineConfig) -> int | None:
+    """The weights' bytes of `config` without its quantization (`estimate_memory`, before loading), or None."""
+    try:
+        return estimate_memory(config.replace(quantization="none")).weights_bytes
+    except Exception:  # a configuration the estimate cannot size (e.g. a hub model not cached here): say nothing
+        return None
+
+
+def _row(name: str, value: str, title: str = "") -> str:
+    tip = f' title="{html.escape(title)}"' if title else ""
+    return f'<div class="feat-row"{tip}><span class="feat-k">{html.escape(name)}</span>' \
+           f'<span class="feat-v">{html.escape(value)}</span></div>'
+
+
+def quality_row(perplexity: PerplexityResult | None, status: str | None = None) -> str:
+    """Held-out perplexity once measured; otherwise what to do (or why it cannot be measured)."""
+    if perplexity is not None:
+        value = (f"{perplexity.perplexity:.3f} on {perplexity.tokens:,} tokens "
+                 f"({perplexity.seconds:.1f} s)")
+    else:
+        value = status or "not measured yet: press Measure perplexity"
+    return _row("held-out perplexity", value, "exp of the mean next-token loss on the demo model's held-out text, "
+                "through this engine's own forward pass: quantization and GQA damage show here (lower is better)")
+
+
+def weights_row(stats: EngineStats, info: EngineInfo, unquantized: int | None) -> str:
+    """The weights' real bytes and, when quantized, the same model's bytes without quantization."""
+    weights, level = stats.weights_bytes, info.quantization
+    if level == "none":
+        return _row("weights", f"{format_bytes(weights)} in {info.dtype} (not quantized)")
+    before = (f"{format_bytes(unquantized)} before quantization → {format_bytes(weights)} as {level} "
+              f"({weights / unquantized:.2f}x)") if unquantized else f"{format_bytes(weights)} as {level}"
+    return _row("weights", before, "real storage of the quantized weights (packed values and scales), against the "
+                "same configuration's weights without quantization (estimated before loading)")
+
+
+def speculative_rows(stats: EngineStats) -> list[str]:
+    """Acceptance since the engine loaded: overall, tokens per verification step, and by proposal position."""
+    drafts, proposed = stats.spec_num_drafts, stats.spec_num_draft_tokens
+    if not drafts:
+        return [_row("speculative", "no proposals verified yet")]
+    accepted = stats.spec_num_accepted_tokens
+    positions = " / ".join(f"{count / drafts:.0%}" for count in stats.spec_accepted_per_position)
+    return [_row("spec acceptance", f"{accepted / proposed:.0%} ({accepted:,} of {proposed:,} proposed) · "
+                 f"{1 + accepted / drafts:.2f} tokens per verification step",
+                 "accepted / proposed speculative tokens since the engine loaded (all sessions), and the tokens "
+                 "each verification step produced: its accepted proposals plus the target's own token"),
+            _row("accepted by position", positions, "how often the 1st, 2nd, ... proposal of a step was accepted")]
+
+
+def tensor_parallel_rows(stats: EngineStats) -> list[str]:
+    """Rank 0's share of step time in collectives, then each rank's bytes and time in collectives."""
+    executor = stats.executor_seconds
+    rows = [_row("TP communication", f"{stats.collective_share:.0%} of step time in all-reduce / "
+                 f"all-gather on rank 0 ({stats.collective_seconds:.2f} of {executor:.2f} s)",
+                 "time inside collectives, waiting for the slower rank included")]
+    for rank, (weights, kv, seconds) in enumerate(zip(stats.rank_weights_bytes, stats.rank_kv_cache_bytes,
+                                                      stats.rank_collective_seconds, strict=True)):
+        share = f"{seconds / executor:.0%}" if executor else "n/a"
+        rows.append(_row(f"rank {rank}", f"weights {format_bytes(weights)} · KV {format_bytes(kv)} · "
+                                         f"collectives {seconds:.2f} s ({share})"))
+    return rows
+
+
+def features_html(config: EngineConfig | None, stats: EngineStats | None, info: EngineInfo | None,
+                  perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None) -> str:
+    """The panel: quality and weights always; speculative and tensor-parallel figures when those are on."""
+    title = '<div class="hchart-title">Quality and optimizations · this engine</div>'
+    if stats is None or stats.closed or info is None or config is None:
+        return f'<div class="hchart" id="features-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
+    rows = [quality_row(perplexity, status), weights_row(stats, info, unquantized)]
+    if config.speculative != "off":
+        rows += speculative_rows(stats)
+    if stats.tensor_parallel_size > 1:
+        rows += tensor_parallel_rows(stats)
+    return f'<div class="hchart" id="features-chart">{title}{"".join(rows)}</div>'

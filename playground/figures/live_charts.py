@@ -1,0 +1,225 @@
+"""The live charts beside the chat: data frames for the time series, small HTML charts for the rest.
+
+Every chart is a pure function of what the engine reports (per-step history, stats), of the
+session's own turns, or of the session's own activity, so it can be recomputed at any moment
+while tokens stream. Engine-wide charts say so ("all sessions on this engine") and draw this
+session's own requests as a separate series, because an engine batches every session that uses
+its configuration. Times are seconds relative to "now" over a sliding window, as a serving
+dashboard shows them.
+
+TTFT per turn and memory are HTML, not plots: their labels (configuration, prompt length; values
+that differ by orders of magnitude) must be readable in full, which axis ticks cannot do.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from engine import EngineStats, StepRecord
+from playground.figures.units import format_bytes
+from playground.shared.activity import SessionActivity
+
+WINDOW_S = 60.0
+BIN_S = 1.0
+MAX_TTFT_ROWS = 8
+ALL_SESSIONS = "all sessions on this engine"
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    """How one time-series chart is drawn: columns, axis titles (with units) and fixed series colours."""
+
+    name: str
+    title: str
+    y: str
+    y_title: str
+    series: dict[str, str]  # series name -> colour, fixed so a series keeps its colour from the first frame
+    x: str = "time_s"
+    x_title: str = "time (s, 0 = now)"
+    integer_y: bool = False
+
+
+THROUGHPUT = ChartSpec("throughput", f"Tokens per second · {ALL_SESSIONS}", "tokens_per_s", "tokens / s",
+                       {"prefill (all)": "#a5b4fc", "decode (all)": "#4f46e5", "this session": "#f97316"})
+KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks in use · {ALL_SESSIONS}", "blocks", "blocks (#)",
+                      {"in use (all)": "#0d9488"}, integer_y=True)
+BATCH = ChartSpec("batch", f"Running sequences · {ALL_SESSIONS}", "sequences", "sequences (#)",
+                  {"running (all)": "#4f46e5", "this session": "#f97316"}, integer_y=True)
+SPECULATIVE = ChartSpec("spec_chart", f"Speculative acceptance · {ALL_SESSIONS}", "acceptance",
+                        "accepted / proposed", {"acceptance (all)": "#7c3aed"})
+LINE_CHARTS = (THROUGHPUT, KV_BLOCKS, BATCH, SPECULATIVE)
+
+
+def _typed(rows: list[dict], dtypes: dict) -> pd.DataFrame:
+    """A frame with fixed column types, so an empty first frame does not make an axis categorical."""
+    return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
+
+
+def _bin_starts() -> list[float]:
+    """Start of each time bin, relative to now: -WINDOW_S ... -BIN_S."""
+    count = int(WINDOW_S / BIN_S)
+    return [-(count - i) * BIN_S for i in range(count)]
+
+
+def _bin_index(t: float, now: float) -> int | None:
+    age = now - t
+    if age < 0 or age >= WINDOW_S:
+        return None
+    return int(WINDOW_S / BIN_S) - 1 - int(math.floor(age / BIN_S))
+
+
+def _series_frame(series: dict[str, list[float]], value: str) -> pd.DataFrame:
+    starts = _bin_starts()
+    rows = [{"time_s": x + BIN_S, value: v, "series": name}
+            for name, values in series.items() for x, v in zip(starts, values, strict=True)]
+    return _typed(rows, {"time_s": float, value: float, "series": object})
+
+
+def throughput_frame(steps: list[StepRecord], activity: SessionActivity, now: float) -> pd.DataFrame:
+    """Prefill and decode tokens per second of the whole engine, and this session's output tokens per second."""
+    count = len(_bin_starts())
+    prefill, decode, mine = [0.0] * count, [0.0] * count, [0.0] * count
+    for step in steps:
+        index = _bin_index(step.time, now)
+        if index is not None:
+            decode[index] += step.num_decode_tokens / BIN_S
+            prefill[index] += max(step.num_tokens - step.num_decode_tokens, 0) / BIN_S
+    for time, tokens in activity.token_events:
+        index = _bin_index(time, now)
+        if index is not None:
+            mine[index] += tokens / BIN_S
+    names = list(THROUGHPUT.series)
+    return _series_frame(dict(zip(names, (prefill, decode, mine), strict=True)), THROUGHPUT.y)
+
+
+def batch_frame(steps: list[StepRecord], activity: SessionActivity, now: float) -> pd.DataFrame:
+    """The largest running batch in each time bin, and how many of this session's requests were running."""
+    starts = _bin_starts()
+    sizes, mine = [0.0] * len(starts), [0.0] * len(starts)
+    for step in steps:
+        index = _bin_index(step.time, now)
+        if index is not None:
+            sizes[index] = max(sizes[index], step.batch_size)
+    for index, start in enumerate(starts):
+        low, high = now + start, now + start + BIN_S
+        mine[index] = sum(1 for begin, end in activity.requests if begin < high and (end is None or end >= low))
+    names = list(BATCH.series)
+    return _series_frame(dict(zip(names, (sizes, mine), strict=True)), BATCH.y)
+
+
+def speculative_frame(steps: list[StepRecord], now: float) -> pd.DataFrame:
+    """Accepted / proposed speculative tokens of the whole engine in each time bin that verified proposals
+    (bins without any are left out, not drawn as zero)."""
+    count = len(_bin_starts())
+    proposed, accepted = [0] * count, [0] * count
+    for step in steps:
+        index = _bin_index(step.time, now)
+        if index is not None and step.spec_proposed:
+            proposed[index] += step.spec_proposed
+            accepted[index] += step.spec_accepted
+    name = next(iter(SPECULATIVE.series))
+    rows = [{"time_s": start + BIN_S, SPECULATIVE.y: a / p, "series": name}
+            for start, p, a in zip(_bin_starts(), proposed, accepted, strict=True) if p]
+    return _typed(rows, {"time_s": float, SPECULATIVE.y: float, "series": object})
+
+
+def speculative_label(steps: list[StepRecord]) -> str:
+    """The chart's title with the window's tokens per verification step: output tokens over the sequences
+    that verified proposals (1 = speculation gained nothing)."""
+    verifying = [step for step in steps if step.spec_proposed]
+    sequences = sum(step.num_decode_tokens - step.spec_proposed for step in verifying)
+    if not sequences:
+        return SPECULATIVE.title
+    per_step = sum(step.num_output_tokens for step in verifying) / sequences
+    return f"{SPECULATIVE.title} · {per_step:.2f} tokens per verification step (last {WINDOW_S:.0f} s)"
+
+
+def kv_sample(stats: EngineStats, now: float) -> dict:
+    """One point of the KV block chart, taken from engine stats."""
+    return {"time": now, "used": stats.kv_blocks_used, "total": stats.kv_blocks_total}
+
+
+def kv_blocks_frame(samples: list[dict], now: float) -> pd.DataFrame:
+    """Blocks in use over the last WINDOW_S seconds (the allocation, usually far larger, is in the chart's label)."""
+    rows = [{"time_s": -(now - s["time"]), "blocks": s["used"], "series": "in use (all)"}
+            for s in samples if 0 <= now - s["time"] < WINDOW_S]
+    return _typed(rows, {"time_s": float, "blocks": float, "series": object})
+
+
+def kv_blocks_label(samples: list[dict]) -> str:
+    total = samples[-1]["total"] if samples else 0
+    return f"KV cache blocks in use · of {total} allocated · {ALL_SESSIONS}" if total else KV_BLOCKS.title
+
+
+def trim_samples(samples: list[dict], now: float) -> list[dict]:
+    return [s for s in samples if now - s["time"] < WINDOW_S]
+
+
+def axis_top(values: pd.Series, integer: bool) -> float:
+    """The y-axis top: the largest value, at least 8 for counts (so that the nice ticks are whole numbers)
+    and at least 1 otherwise (an all-zero series would give the axis an empty range)."""
+    top = float(values.max()) if len(values) else 0.0
+    return max(8, int(math.ceil(top))) if integer else max(1.0, top * 1.05)
+
+
+# ----- HTML charts --------------------------------------------------------------------------
+
+
+def _bar(fraction: float, css_class: str) -> str:
+    width = max(0.0, min(fraction, 1.0)) * 100
+    return f'<span class="bar {css_class}" style="width:{width:.2f}%"></span>'
+
+
+def ttft_html(turns: list[dict]) -> str:
+    """This session's recent turns, one row each: configuration, prompt length (cached part) and two bars,
+    the engine's TTFT (dark) inside the whole wait until the first text showed (light)."""
+    rows = turns[-MAX_TTFT_ROWS:]
+    head = ('<div class="hchart-title">Time to first token · this session\'s turns</div>'
+            '<div class="hchart-legend"><span class="key engine"></span>engine TTFT '
+            '<span class="key wait"></span>Enter → first text on screen (server → text for API calls)</div>')
+    if not rows:
+        return f'<div class="hchart" id="ttft-chart">{head}<div class="hchart-empty">no turns yet</div></div>'
+    waits = [t.get("visible_ttft_ms") or t.get("first_text_ms") or 0 for t in rows]
+    scale = max([*waits, *(t.get("engine_ttft_ms") or 0 for t in rows), 1.0])
+    body = []
+    for turn, wait in zip(rows, waits, strict=True):
+        engine = turn.get("engine_ttft_ms")
+        prompt = f"prompt {turn['prompt_tokens']} tok ({turn['cached_tokens']} cached)"
+        values = (f"{engine:.0f} ms engine" if engine is not None else "no token") + (
+            f" · {wait:.0f} ms to text" if wait else "")
+        body.append(
+            f'<div class="hrow" data-turn="{turn["number"]}">'
+            f'<div class="hlabel"><b>#{turn["number"]}</b> {html.escape(turn["config"])} · {prompt}</div>'
+            f'<div class="htrack">{_bar(wait / scale, "wait")}{_bar((engine or 0) / scale, "engine")}</div>'
+            f'<div class="hvalue">{values}</div></div>')
+    return f'<div class="hchart" id="ttft-chart">{head}{"".join(body)}</div>'
+
+
+def memory_html(stats: EngineStats | None, process_rss: int | None, config_label: str) -> str:
+    """This engine's memory on one linear scale (weights, KV allocated; KV in use as a share of the
+    allocation, so a few blocks stay visible), then the whole process's figures apart."""
+    title = '<div class="hchart-title">Memory · this engine</div>'
+    if stats is None or stats.closed:
+        return f'<div class="hchart" id="memory-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
+    weights, allocated, used = stats.weights_bytes, stats.kv_cache_bytes, stats.kv_cache_used_bytes
+    scale = max(weights, allocated, 1)
+    share = used / allocated if allocated else 0.0
+    rows = [
+        ("weights", _bar(weights / scale, "weights"), format_bytes(weights)),
+        ("KV allocated", _bar(allocated / scale, "kv"), format_bytes(allocated)),
+        ("KV in use", _bar(max(share, 0.01 if used else 0.0), "kvused"),
+         f"{format_bytes(used)} · {share:.1%} of allocated"),
+    ]
+    body = "".join(f'<div class="hrow mem"><div class="hlabel">{name}</div><div class="htrack">{bar}</div>'
+                   f'<div class="hvalue">{value}</div></div>' for name, bar, value in rows)
+    blocks = (f'{stats.kv_blocks_used} of {stats.kv_blocks_total} blocks in use') if stats.kv_blocks_total else ""
+    process = (f'process (every engine in the pool + the app): peak {format_bytes(stats.peak_memory_bytes)}'
+               + (f' · now {format_bytes(process_rss)} resident' if process_rss else ""))
+    footer = (f'<div class="hchart-note">{html.escape(config_label)}{" · " + blocks if blocks else ""}'
+              f'<br>{html.escape(process)}<br>'
+              'activation peak: not reported per engine (it is inside the process peak)</div>')
+    return f'<div class="hchart" id="memory-chart">{title}{body}{footer}</div>'

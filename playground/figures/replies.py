@@ -1,0 +1,105 @@
+"""The figures of each reply, computed from the engine's metrics and formatted one way (chips, one line).
+
+Definitions follow docs/metrics.md: the engine's TTFT runs from the request's arrival in the engine to
+its first output token; decode throughput is (output tokens - 1) / (E2EL - TTFT), i.e. 1 / TPOT;
+speculative acceptance = accepted / proposed. Two more waits are measured around the engine,
+because a person waits longer than the engine's TTFT: `first_text_ms` runs from the server
+receiving the message to its first text leaving the server (history fitting, tokenisation and
+queueing included), and `visible_ttft_ms` from the browser's Enter to the first text on screen
+(measured by the page; absent for API calls). Labels always say which one a number is.
+"""
+
+from __future__ import annotations
+
+import html
+
+from engine import RequestMetrics
+
+FIGURE_TITLES = {
+    "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
+                   "output token",
+    "Enter → text": "what you waited: from pressing Enter to the first text on screen (network, queue, "
+                    "tokenisation and the engine's TTFT)",
+    "decode": "output tokens per second after the first one (1 / TPOT)",
+    "prompt": "prompt tokens of this reply, and how many came from the prefix cache",
+    "output": "tokens generated",
+    "spec accept": "speculative tokens accepted / proposed for this reply, and the tokens it gained per verification "
+                   "step (1 + accepted proposals per step; 1 = speculation gained nothing)",
+    "context": "older turns left out so the prompt fits the model's context and the reply's token budget",
+}
+
+
+def decode_tokens_per_second(metrics: RequestMetrics) -> float | None:
+    """Tokens per second after the first one, None until two tokens are out."""
+    ttft, e2el = metrics.ttft, metrics.e2el
+    if metrics.output_tokens < 2 or ttft is None or e2el is None or e2el <= ttft:
+        return None
+    return (metrics.output_tokens - 1) / (e2el - ttft)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def reply_figures(metrics: RequestMetrics | None, speculative: bool) -> dict:
+    """Per-reply figures from the engine's metrics, as plain numbers (also what the APIs return); a reply
+    that got no token yet (`metrics` None) has empty figures."""
+    if metrics is None:
+        metrics = RequestMetrics()
+    figures = {
+        "engine_ttft_ms": _ms(metrics.ttft),
+        "decode_tokens_per_s": _round(decode_tokens_per_second(metrics), 1),
+        "tpot_ms": _ms(metrics.tpot),
+        "e2el_ms": _ms(metrics.e2el),
+        "prompt_tokens": metrics.prompt_tokens,
+        "cached_tokens": metrics.cached_tokens,
+        "output_tokens": metrics.output_tokens,
+    }
+    if speculative:
+        proposed, accepted, drafts = metrics.spec_proposed, metrics.spec_accepted, metrics.spec_drafts
+        figures["spec_acceptance"] = round(accepted / proposed, 3) if proposed else None
+        figures["spec_accepted"], figures["spec_proposed"] = accepted, proposed
+        figures["spec_tokens_per_step"] = round(1 + accepted / drafts, 2) if drafts else None
+    return figures
+
+
+def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns: int = 0, live: bool = False) -> str:
+    """A row of small labelled chips placed under a reply (hover a chip for its definition)."""
+    chips = [("engine TTFT", _fmt(figures.get("engine_ttft_ms"), "{:.0f} ms"))]
+    if figures.get("visible_ttft_ms") is not None:
+        chips.append(("Enter → text", _fmt(figures["visible_ttft_ms"], "{:.0f} ms")))
+    chips += [
+        ("decode", _fmt(figures.get("decode_tokens_per_s"), "{:.1f} tok/s")),
+        ("prompt", f"{figures.get('prompt_tokens') or 0} tok · {figures.get('cached_tokens') or 0} cached"),
+        ("output", f"{figures.get('output_tokens') or 0} tok"),
+    ]
+    if "spec_acceptance" in figures:
+        chips.append(("spec accept", spec_acceptance_text(figures)))
+    if dropped_turns:
+        chips.append(("context", f"{dropped_turns} older turn{'s' if dropped_turns > 1 else ''} left out"))
+    if finish_reason in ("length", "cancelled", "error"):
+        chips.append(("finish", {"length": "token limit", "cancelled": "stopped"}.get(finish_reason, "error")))
+    body = "".join(f'<span class="fig" title="{html.escape(FIGURE_TITLES.get(k, k))}">'
+                   f'<span class="fig-k">{html.escape(k)}</span> <span class="fig-v">{html.escape(v)}</span></span>'
+                   for k, v in chips)
+    return f'<div class="msg-figures{" live" if live else ""}">{body}</div>'
+
+
+def spec_acceptance_text(figures: dict) -> str:
+    """A reply's acceptance: rate, accepted / proposed, tokens per verification step ("n/a" before any)."""
+    if figures.get("spec_acceptance") is None:
+        return "n/a"
+    text = f"{figures['spec_acceptance']:.0%}"
+    if figures.get("spec_proposed"):
+        text += f" ({figures['spec_accepted']}/{figures['spec_proposed']})"
+    if figures.get("spec_tokens_per_step") is not None:
+        text += f" · {figures['spec_tokens_per_step']:.2f} tok/step"
+    return text
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else spec.format(value)

@@ -1,0 +1,1 @@
+"""What every tab shares: the context (engine pool, settings, sessions), parsing, conversations, jobs."""

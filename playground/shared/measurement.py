@@ -1,0 +1,187 @@
+"""Measuring configurations from the page: a background job that leases engines from the pool and
+runs the bench's own measurement (`engine.measure_engine`) on them, one at a time.
+
+Why a module: Compare and Benchmark both need the same life around a measurement. It runs in a
+thread so the page can poll it (phase, requests done, the engine's steps so far for live charts);
+it holds one engine at a time, so each configuration is timed alone and the pool's memory budget
+applies as it does for chat; Cancel stops it cleanly (nothing more is sent, requests in flight are
+cancelled, and the job ends only once every request it sent has finished). A page that goes away
+cancels its job the same way (`MeasurementJob.stop`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from engine import (
+    BenchRequest,
+    EngineConfig,
+    EngineInfo,
+    RequestOutput,
+    SamplingParams,
+    StepRecord,
+    WorkloadSpec,
+    measure_engine,
+)
+from playground.shared.pool import EnginePool
+
+STOP_WAIT_S = 60.0
+
+
+@dataclass
+class MeasuredRun:
+    """One configuration measured once: the bench's result (its keys are `engine.bench --json`'s), the outputs,
+    and the engine's steps during the run (every request the engine served meanwhile is in them)."""
+
+    label: str
+    config: EngineConfig
+    info: EngineInfo
+    result: dict
+    outputs: list[RequestOutput | None]
+    steps: list[StepRecord]
+    started: float  # time.perf_counter() when its first request was sent
+    pieces: list[list[str]] = field(default_factory=list)  # each output's text, token by token
+
+    @property
+    def elapsed(self) -> float:
+        return self.result["duration"]
+
+
+class MeasurementJob:
+    """Runs `work(job)` in a background thread; the page reads its progress and the finished result."""
+
+    def __init__(self, work: Callable[[MeasurementJob], object]):
+        self.cancel = threading.Event()
+        self.done = threading.Event()
+        self.phase = "queued"
+        self.label = ""
+        self.requests_done = 0
+        self.requests_total = 0
+        self.runs_done = 0
+        self.finished: float | None = None
+        self.run_started: float | None = None
+        self.engine = None  # the engine being measured, while it is
+        self.started = time.perf_counter()
+        self.result = None
+        self.error: BaseException | None = None
+        self._steps: list[StepRecord] = []
+        self._steps_since = 0.0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, args=(work,), name="playground-measure", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[MeasurementJob], object]) -> None:
+        try:
+            self.result = work(self)
+        except BaseException as error:  # shown on the page; the pool and the engine already cleaned up
+            self.error = error
+        finally:
+            self.engine, self.finished = None, time.perf_counter()
+            self.done.set()
+
+    @property
+    def seconds(self) -> float:
+        """How long the job has run (until it finished)."""
+        return (self.finished or time.perf_counter()) - self.started
+
+    def wait(self, timeout: float | None) -> bool:
+        return self.done.wait(timeout)
+
+    def follow(self, poll_s: float) -> Iterator[MeasurementJob]:
+        """Yield this job every `poll_s` while it runs and once when it has ended; closing the generator early
+        (the page went away) stops the job."""
+        try:
+            while not self.wait(poll_s):
+                yield self
+            yield self
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Cancel (unless it already finished) and wait until every request the job sent has finished."""
+        if not self.done.is_set():
+            self.cancel.set()
+        self.done.wait(STOP_WAIT_S)
+
+    # ----- progress ----------------------------------------------------------------------------
+
+    def _count(self, _index: int, _output: RequestOutput) -> None:
+        with self._lock:
+            self.requests_done += 1
+
+    def live_steps(self) -> list[StepRecord]:
+        """The measured engine's steps since its run started (gathered as they come, so none are lost to the
+        engine's bounded history)."""
+        engine = self.engine
+        with self._lock:
+            if engine is not None and self.run_started is not None:
+                fresh = engine.step_history(since=max(self._steps_since, self.run_started))
+                if fresh:
+                    self._steps.extend(fresh)
+                    self._steps_since = fresh[-1].time
+            return list(self._steps)
+
+    def _begin_run(self, label: str, engine, total: int) -> None:
+        with self._lock:
+            self.label, self.engine, self.phase = label, engine, "running"
+            self.requests_done, self.requests_total = 0, total
+            self.run_started, self._steps, self._steps_since = time.perf_counter(), [], 0.0
+
+    # ----- one configuration -------------------------------------------------------------------
+
+    def measure(self, pool: EnginePool, label: str, config: EngineConfig,
+                build_requests: Callable[[object], list[BenchRequest]], sampling: SamplingParams, *,
+                spec: WorkloadSpec | None = None, concurrency: int | None = None, warmup: bool = False,
+                perplexity: bool = False, goodput_slos: dict | None = None, pieces: bool = False) -> MeasuredRun:
+        """Lease `config`'s engine (loading it if needed), measure `build_requests(engine)` on it, release it.
+
+        `sampling` holds what every request samples with (its temperature, top-p, top-k, `ignore_eos`; request i
+        uses seed + i, so its seed must be set; each request's own token budget replaces `max_tokens`). With
+        `pieces`, each output is also split into the text of its tokens (for marking differences).
+        """
+
+        def on_phase(phase: str) -> None:
+            self.label, self.phase = label, phase
+
+        on_phase("loading")
+        with pool.lease(config, on_phase=on_phase) as entry:
+            engine = entry.engine
+            requests = build_requests(engine)
+            spec = spec or WorkloadSpec(num_prompts=len(requests), seed=sampling.seed)
+            outputs: list[RequestOutput | None] = [None] * len(requests)
+            last_done = [time.perf_counter()]
+
+            def keep(index: int, output: RequestOutput) -> None:
+                outputs[index], last_done[0] = output, time.perf_counter()
+                self._count(index, output)
+
+            self._begin_run(label, engine, len(requests))
+            result = measure_engine(engine, spec, concurrency or len(requests), sampling.temperature,
+                                    sampling.ignore_eos, warmup, perplexity, requests=requests, top_p=sampling.top_p,
+                                    top_k=sampling.top_k, goodput_slos=goodput_slos, cancel=self.cancel,
+                                    on_output=keep, roofline=True)  # the report has the bench CLI's keys
+            # the measured window: from the first request sent (after the warm-up) to the last one done
+            first_sent = last_done[0] - result["duration"]
+            steps = [s for s in self.live_steps() if first_sent <= s.time <= last_done[0]]
+            run = MeasuredRun(label=label, config=config, info=engine.info, result=result, outputs=outputs,
+                              steps=steps, started=first_sent)
+            if pieces:
+                run.pieces = [token_pieces(engine.tokenizer, o.token_ids if o else []) for o in outputs]
+            self.engine = None
+            self.runs_done += 1
+            return run
+
+
+def token_pieces(tokenizer, token_ids: list[int]) -> list[str]:
+    """The text each token adds, decoded in context (so spaces and multi-byte characters land where they belong)."""
+    if tokenizer is None:
+        return [f"<{token}>" for token in token_ids]
+    pieces, previous = [], ""
+    for end in range(1, len(token_ids) + 1):
+        text = tokenizer.decode(token_ids[:end], skip_special_tokens=True)
+        pieces.append(text[len(previous):] if text.startswith(previous) else text)
+        previous = text
+    return pieces

@@ -1,0 +1,160 @@
+"""Limits for hosting the playground, read once from environment variables.
+
+Why: a public server (a Hugging Face Space, or any bind address other than loopback) is reached by
+many people at once, by odd input and by people probing it. Public mode therefore loads only the
+curated models unless told otherwise, caps every memory-sizing field of a configuration, caps
+messages, tokens, the queue and the size of Benchmark and Compare runs (requests, concurrency,
+tokens in all), and never echoes server paths in errors. On a laptop bound to
+127.0.0.1, any local folder or hub id may be loaded. Remote code is never trusted, whatever the
+settings: the engine only reads config.json, tokenizer files and safetensors weights.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+
+ANY_MODEL = "*"
+CURATED = "curated"
+LOOPBACK_NAMES = ("localhost", "")
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 64
+MAX_SEED = 2**63 - 1
+MIB = 1024 * 1024  # the unit of the PLAYGROUND_*_MIB limits and the panel's KV size
+
+
+def _int_env(env: dict, name: str, default: int | None, minimum: int = 1) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float_env(env: dict, name: str, default: float | None) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number > 0, got {raw!r}")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bind address only accepts connections from this machine."""
+    host = (host or "").strip().strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a visitor may do: which models, how many tokens, how big an engine, how long a queue.
+
+    `allowed_models` is None when any model may be loaded; otherwise a set of model names (the
+    curated names and/or hub ids and paths). `curated_only` records that the set was derived from
+    presets/models.toml, so the UI can hide the free model field. The `max_*` caps on engine fields
+    are None where a field is not capped (the engine's own validation still applies); in public
+    mode each has a default. The `max_bench_*` caps bound one Benchmark or Compare run: its
+    requests, its requests in flight, and prompt + output tokens over all its requests (each request
+    is also held to `max_prompt_tokens` and `max_new_tokens`). `warnings` are printed loudly when the
+    server starts.
+    """
+
+    allowed_models: frozenset[str] | None = None
+    curated_only: bool = False
+    max_new_tokens: int = 512
+    max_prompt_tokens: int = 4096
+    max_message_chars: int = 32_000
+    max_queue: int = 32
+    max_concurrent_chats: int = 16
+    pool_memory_gib: float | None = None
+    max_engines: int = 3
+    max_kv_cache_mib: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    max_bench_requests: int = 1024
+    max_bench_concurrency: int = 256
+    max_bench_tokens: int = 4_000_000
+    public: bool = False
+    on_space: bool = False
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, curated_models: list[str], env: dict | None = None) -> Settings:
+        """Read PLAYGROUND_* variables; `curated_models` are the names in presets/models.toml.
+
+        Public mode: on a Space (SPACE_ID), when GRADIO_SERVER_NAME is not a loopback address, or
+        with PLAYGROUND_PUBLIC=1. PLAYGROUND_ALLOWED_MODELS: comma list of model names / hub ids /
+        paths; `curated` stands for the curated list and `*` for anything. Unset: curated only in
+        public mode, anything on a loopback-only laptop.
+        """
+        env = dict(os.environ if env is None else env)
+        on_space = bool(env.get("SPACE_ID"))
+        bind = env.get("GRADIO_SERVER_NAME", "127.0.0.1")
+        exposed = not is_loopback(bind)
+        public = on_space or exposed or env.get("PLAYGROUND_PUBLIC", "").strip().lower() in ("1", "true", "yes")
+        raw = env.get("PLAYGROUND_ALLOWED_MODELS", "").strip()
+        items = [item.strip() for item in raw.split(",") if item.strip()]
+        warnings = []
+        if not items:
+            items = [CURATED] if public else [ANY_MODEL]
+            if exposed and not on_space:
+                warnings.append(f"GRADIO_SERVER_NAME={bind} accepts connections from other machines and "
+                                "PLAYGROUND_ALLOWED_MODELS is not set: only the curated models may be loaded "
+                                "(set PLAYGROUND_ALLOWED_MODELS='*' to allow any local folder or hub id)")
+        if ANY_MODEL in items:
+            allowed, curated_only = None, False
+            if public:
+                warnings.append("PLAYGROUND_ALLOWED_MODELS='*' on a public server: anyone who reaches it can "
+                                "load any local folder of this machine and download any hub model")
+        else:
+            names = set()
+            for item in items:
+                names.update(curated_models if item == CURATED else [item])
+            allowed = frozenset(names)
+            curated_only = names <= set(curated_models)
+        return cls(
+            allowed_models=allowed,
+            curated_only=curated_only,
+            max_new_tokens=_int_env(env, "PLAYGROUND_MAX_NEW_TOKENS", 256 if public else 512),
+            max_prompt_tokens=_int_env(env, "PLAYGROUND_MAX_PROMPT_TOKENS", 2048 if public else 4096),
+            max_message_chars=_int_env(env, "PLAYGROUND_MAX_MESSAGE_CHARS", 8_000 if public else 32_000),
+            max_queue=_int_env(env, "PLAYGROUND_MAX_QUEUE", 32 if public else 64),
+            max_concurrent_chats=_int_env(env, "PLAYGROUND_MAX_CONCURRENT_CHATS", 16),
+            pool_memory_gib=_float_env(env, "PLAYGROUND_POOL_MEMORY_GIB", None),
+            max_engines=_int_env(env, "PLAYGROUND_MAX_ENGINES", 2 if public else 3),
+            max_kv_cache_mib=_int_env(env, "PLAYGROUND_MAX_KV_CACHE_MIB", None),
+            max_num_seqs=_int_env(env, "PLAYGROUND_MAX_NUM_SEQS", 64 if public else None),
+            max_num_batched_tokens=_int_env(env, "PLAYGROUND_MAX_BATCHED_TOKENS", 8192 if public else None),
+            max_model_len=_int_env(env, "PLAYGROUND_MAX_MODEL_LEN", 8192 if public else None, minimum=2),
+            max_bench_requests=_int_env(env, "PLAYGROUND_MAX_BENCH_REQUESTS", 64 if public else 1024),
+            max_bench_concurrency=_int_env(env, "PLAYGROUND_MAX_BENCH_CONCURRENCY", 16 if public else 256),
+            max_bench_tokens=_int_env(env, "PLAYGROUND_MAX_BENCH_TOKENS", 65_536 if public else 4_000_000),
+            public=public,
+            on_space=on_space,
+            warnings=tuple(warnings),
+        )
+
+    def model_refusal(self, model: str) -> str | None:
+        """Why `model` may not be loaded here, or None if it may."""
+        if self.allowed_models is None or model in self.allowed_models:
+            return None
+        allowed = ", ".join(sorted(self.allowed_models))
+        return (f"model {model!r} is not allowed on this server (PLAYGROUND_ALLOWED_MODELS); "
+                f"allowed: {allowed}")

@@ -1,0 +1,62 @@
+"""What the browser tests do on the page, shared by their modules: open the page, pick from a dropdown, wait for
+Apply, open a tab, type as a person does, take a tall screenshot; and the marks every browser test carries.
+
+Playwright drives the system's Chromium (/usr/bin/chromium); it never downloads a browser here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+BROWSER_MARKS = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the system Chromium at /usr/bin/chromium"),
+]
+MARK_STATUS = "() => document.querySelectorAll('#apply-status .apply-status').forEach(e => e.dataset.old = '1')"
+
+
+def open_page(browser, url, width=1600, height=1000):
+    page = browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
+    page.goto(url)
+    page.wait_for_selector("#chat", timeout=30_000)
+    page.wait_for_function("document.querySelector('#pool') && document.querySelector('#pool').innerText"
+                           ".includes('Engine pool')", timeout=30_000)
+    return page
+
+
+def pick(page, dropdown: str, option: str) -> None:
+    page.evaluate(MARK_STATUS)
+    page.click(f"{dropdown} input")
+    page.click(f'[role=option][aria-label="{option}"]')
+
+
+def wait_applied(page) -> str:
+    """After Apply or a preset (the old status marked by MARK_STATUS before it): the new final status."""
+    page.wait_for_selector("#apply-status .apply-status.ok:not([data-old]), "
+                           "#apply-status .apply-status.bad:not([data-old])", timeout=90_000)
+    return page.inner_text("#apply-status .apply-status")
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def fill_text(page, textbox: str, text: str) -> None:
+    """Type into a Gradio textbox as a person does (its input event fires)."""
+    box = page.locator(f"{textbox} textarea, {textbox} input").first
+    box.fill(text)
+    box.press("Tab")
+
+
+def tall_screenshot(page, path, height: int) -> None:
+    """The page from its top in a window `height` pixels tall (a tab's whole run), then the usual window again."""
+    page.set_viewport_size({"width": 1440, "height": height})
+    page.evaluate("window.scrollTo(0, 0)")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(path))
+    page.set_viewport_size({"width": 1440, "height": 1000})

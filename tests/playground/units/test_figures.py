@@ -1,0 +1,78 @@
+"""The chat's figures and live charts from hand-made engine records: reply chips, configuration summaries,
+engine-wide charts with this session apart, memory and TTFT."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from engine import EngineConfig, EngineStats, RequestMetrics, StepRecord
+from playground.figures import live_charts
+from playground.figures.configuration import config_summary, config_tag
+from playground.figures.replies import figures_html, reply_figures
+from playground.shared.activity import SessionActivity
+from tests.support.reference_figures import engine_info
+
+
+def test_reply_figures_follow_the_metric_definitions():
+    metrics = RequestMetrics.from_timestamps(arrival=10.0, token_times=[10.2, 10.3, 10.4, 10.6], prompt_tokens=12,
+                                             cached_tokens=8, spec_proposed=10, spec_accepted=7)
+    figures = reply_figures(metrics, speculative=True)
+    assert figures["engine_ttft_ms"] == pytest.approx(200.0)
+    assert figures["decode_tokens_per_s"] == pytest.approx(3 / 0.4, rel=1e-3)
+    assert (figures["prompt_tokens"], figures["output_tokens"], figures["cached_tokens"]) == (12, 4, 8)
+    assert figures["spec_acceptance"] == 0.7
+    chips = figures_html({**figures, "visible_ttft_ms": 850.0}, "cancelled", dropped_turns=2)
+    assert "engine TTFT" in chips and "200 ms" in chips and "Enter → text" in chips and "850 ms" in chips
+    assert "stopped" in chips and "2 older turns left out" in chips and "8 cached" in chips
+
+
+def test_configuration_summaries_say_what_each_backend_really_does():
+    native = EngineConfig()
+    assert "paged KV/16 + prefix cache" in config_summary(native, engine_info(attention="sdpa"))
+    hf_static = EngineConfig(backend="hf", batching="static", max_num_seqs=1)
+    summary = config_summary(hf_static, engine_info(backend="hf", attention="transformers sdpa"))
+    assert "paged" not in summary and "prefix" not in summary and "generate static ×1" in summary
+    assert "hf backend" in summary and "attention transformers sdpa" in summary
+    hf_continuous = EngineConfig(backend="hf")
+    assert "transformers paged KV/16 + block sharing" in config_summary(hf_continuous, engine_info(backend="hf"))
+    assert config_tag(hf_static) == "demo · hf · generate static ×1"
+
+
+def test_engine_wide_charts_draw_this_sessions_requests_apart():
+    now = 100.0
+    steps = [StepRecord(99.5, 0.1, batch_size=2, num_tokens=30, num_decode_tokens=2, num_running=2, kv_blocks_used=4),
+             StepRecord(99.7, 0.1, batch_size=3, num_tokens=3, num_decode_tokens=3, num_running=3, kv_blocks_used=5),
+             StepRecord(10.0, 0.1, batch_size=9, num_tokens=9, num_decode_tokens=9, num_running=9,
+                        kv_blocks_used=9)]  # outside the window
+    activity = SessionActivity()
+    activity.request_started(99.2)
+    activity.tokens_arrived(99.6, 2)
+    frame = live_charts.throughput_frame(steps, activity, now)
+    last = frame[frame["time_s"] == 0.0].set_index("series")["tokens_per_s"]
+    assert last["prefill (all)"] == 28 and last["decode (all)"] == 5 and last["this session"] == 2
+    batch = live_charts.batch_frame(steps, activity, now)
+    latest = batch[batch["time_s"] == 0.0].set_index("series")["sequences"]
+    assert latest["running (all)"] == 3 and latest["this session"] == 1
+    assert batch[batch["series"] == "this session"]["sequences"].sum() == 1  # the request began in the last bin
+    assert live_charts.axis_top(batch["sequences"], integer=True) == 8
+    assert live_charts.axis_top(pd.Series([3.0, 12.2]), integer=True) == 13
+    assert live_charts.axis_top(pd.Series([0.0, 0.0]), integer=False) == 1.0  # never an empty range
+    assert "all sessions on this engine" in live_charts.THROUGHPUT.title
+
+
+def test_memory_chart_shows_each_figure_of_this_engine_and_the_process_apart():
+    stats = EngineStats(weights_bytes=26 * 2**20, kv_cache_bytes=384 * 2**20, kv_cache_used_bytes=96 * 2**10,
+                        kv_blocks_total=2048, kv_blocks_free=2047, peak_memory_bytes=900 * 2**20)
+    shown = live_charts.memory_html(stats, 850 * 2**20, "demo · native")
+    assert "26.0 MiB" in shown and "384.0 MiB" in shown and "96.0 KiB" in shown and "1 of 2048 blocks" in shown
+    assert "width:1.00%" in shown, "a few KV blocks in use must still draw a visible bar"
+    assert "process (every engine in the pool + the app): peak 900.0 MiB" in shown
+
+
+def test_ttft_chart_labels_each_bar_with_its_configuration_and_prompt():
+    rows = [{"number": 1, "config": "demo · native · paged/16+prefix · continuous ×32", "engine_ttft_ms": 40.0,
+             "first_text_ms": 55.0, "visible_ttft_ms": 300.0, "prompt_tokens": 412, "cached_tokens": 380}]
+    shown = live_charts.ttft_html(rows)
+    assert "paged/16+prefix" in shown and "prompt 412 tok (380 cached)" in shown
+    assert "40 ms engine" in shown and "300 ms to text" in shown
