@@ -7,7 +7,8 @@ context length, and hands them to that backend: the native one
 (our model, scheduler and paged KV cache) or the `transformers` baseline. Both implement one
 contract and are stepped by the same loop here, so requests, streaming, cancellation and
 metrics behave the same on either. A failure while building the engine releases everything it
-allocated; `close()` frees the model and KV cache and ends pending streams as "aborted".
+allocated; `close()` frees the model and KV cache and ends pending streams as "aborted", and an
+engine still open when the interpreter exits is closed then.
 
 `perplexity()` measures the loaded configuration's quality through the backend's own forward
 pass (so quantization and GQA conversion show in it): its windows are scored by the same loop
@@ -16,10 +17,12 @@ thread, one per turn between serving steps, so requests keep being served meanwh
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -57,6 +60,16 @@ STEP_HISTORY = 4096
 # their idle loops' pools made libgomp park its threads between every parallel region of the one that works.
 LOOP_IDLE_EXIT_SECONDS = 0.5
 SEED_BITS = 62
+# Engines not closed yet. A script that ends without `close()` would otherwise leave an engine's threads running into
+# the interpreter's shutdown, where tearing down a thread still inside torch aborted the process ("terminate called
+# without an active exception", exit status 134).
+_OPEN_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_OPEN_ENGINES):
+        engine.close()
 
 
 def _is_single_prompt(prompts) -> bool:
@@ -123,6 +136,7 @@ class Engine:
         self._held_out_lock = threading.Lock()
         self._closed = False
         self._loop: threading.Thread | None = None
+        _OPEN_ENGINES.add(self)
         with self._wakeup:
             self._wake_loop()
         try:
@@ -319,6 +333,7 @@ class Engine:
             self._closed = True
             self._wake_loop()
             loop = self._loop
+        _OPEN_ENGINES.discard(self)
         loop.join()
         backend, self._backend = self._backend, None
         if backend is not None:

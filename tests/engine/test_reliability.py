@@ -303,3 +303,21 @@ def test_an_idle_loop_thread_ends_and_work_starts_another(tiny_llama_dir):
         output = idle.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))[0]
         assert output.finish_reason == "length" and len(output.token_ids) == 3
         assert probe.on_loop(lambda backend: threading.current_thread()) is not first
+
+
+ENDS_WITHOUT_CLOSE = """import sys
+from engine import Engine, EngineConfig, SamplingParams
+engine = Engine(EngineConfig(model="demo", cpu_kernels=sys.argv[1] != "pure-pytorch",
+                             tensor_parallel_size=2 if sys.argv[1] == "tensor-parallel" else 1))
+print(engine.generate("def add(a, b):", SamplingParams(max_tokens=16, ignore_eos=True))[0].finish_reason)
+"""
+
+
+@pytest.mark.parametrize("variant", ["kernels", "pure-pytorch", "tensor-parallel"])
+def test_a_script_that_ends_without_close_exits_cleanly(variant):
+    """Users of an engine do not always call close(): the interpreter's exit closes what is still open. Before,
+    the process aborted at exit ("terminate called without an active exception", status 134) in most runs."""
+    run = subprocess.run([sys.executable, "-c", ENDS_WITHOUT_CLOSE, variant], cwd=PROJECT_ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert (run.returncode, run.stdout.strip()) == (0, "length"), run.stderr[-2000:]
+    assert "terminate called" not in run.stderr
