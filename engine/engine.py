@@ -48,6 +48,7 @@ from engine.errors import ModelLoadError, RequestError
 from engine.hub import eos_token_ids, load_tokenizer
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.plan import EnginePlan, plan_engine
+from engine.prompts import PromptEncoder, check_text
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
 
@@ -80,25 +81,6 @@ def _is_single_prompt(prompts) -> bool:
     return False
 
 
-def _check_text(text: str, what: str) -> None:
-    """Text must be encodable (no lone surrogates), or the tokenizer fails in unclear ways."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise RequestError(f"{what} is not valid Unicode text (it contains a lone surrogate at position "
-                           f"{error.start})") from None
-
-
-def _check_messages(messages: list[dict]) -> None:
-    for index, message in enumerate(messages):
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or not role:
-            raise RequestError(f"chat message {index} needs a 'role' string")
-        if not isinstance(content, str):
-            raise RequestError(f"chat message {index} needs a 'content' string, got {type(content).__name__}")
-        _check_text(content, f"chat message {index}")
-
-
 def make_backend(plan: EnginePlan) -> Backend:
     """The backend the plan chose, loaded (weights, KV pool, worker processes)."""
     if plan.backend == "native":
@@ -119,6 +101,7 @@ class Engine:
         self.plan = plan_engine(config.replace(**overrides) if overrides else config)
         self.config = self.plan.config
         self.tokenizer = load_tokenizer(self.plan.path)
+        self._prompts = PromptEncoder(self.tokenizer) if self.tokenizer is not None else None
         notices = list(self.plan.notices)
         if self.tokenizer is None:
             notices.insert(0, "this model folder has no tokenizer: only token-id prompts work")
@@ -163,7 +146,9 @@ class Engine:
     # ---- prompts -------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: text, token ids, or chat messages rendered with the chat template.
+        """Token ids of a prompt: text, token ids, or chat messages rendered with the chat template. Text (a prompt,
+        or inside messages) never becomes a control token: only token ids and the template's own text can
+        (`engine/prompts.py`).
 
         Raises RequestError for anything else, and for a prompt that leaves no room to generate.
         """
@@ -189,19 +174,9 @@ class Engine:
         return ids
 
     def _encode_text_or_messages(self, prompt: str | list[dict]) -> list[int]:
-        if self.tokenizer is None:
+        if self._prompts is None:
             raise RequestError("this model has no tokenizer: send token ids instead of text")
-        if isinstance(prompt, str):
-            _check_text(prompt, "the prompt")
-            return self.tokenizer.encode(prompt)
-        _check_messages(prompt)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise RequestError("this model has no chat template: send plain text instead of messages")
-        try:
-            text = self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        except Exception as error:  # the model's template refuses these messages (e.g. roles out of order)
-            raise RequestError(f"the model's chat template cannot render these messages: {error}") from None
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self._prompts.text(prompt) if isinstance(prompt, str) else self._prompts.messages(prompt)
 
     def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
         ids = self.encode(prompt)
@@ -309,7 +284,7 @@ class Engine:
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: perplexity needs text")
         for index, text in enumerate(texts):
-            _check_text(text, f"text {index}")
+            check_text(text, f"text {index}")
         stream = token_stream([self.tokenizer.encode(text, add_special_tokens=False) for text in texts],
                               self.tokenizer.bos_token_id)
         window = min(DEFAULT_WINDOW, self.config.max_model_len - 1)
