@@ -36,6 +36,7 @@ from engine.core.threads import exit_signals_blocked, start_helper_thread
 from engine.errors import ModelLoadError
 from engine.runner.build import RunnerSettings
 from engine.runner.executor import ExecutorStats
+from engine.runner.main_guard import unguarded_main_line
 from engine.runner.step_plan import StepPlan
 from engine.runner.tp_worker import HEARTBEAT_INTERVAL, LOOPBACK, STEP, STOP, WorkerSpec, run_worker
 
@@ -81,6 +82,13 @@ class TensorParallelExecutor:
     """Runs each plan on `size` worker processes and returns rank 0's logits."""
 
     def __init__(self, settings: RunnerSettings, size: int):
+        unguarded = unguarded_main_line()
+        if unguarded is not None:
+            raise ModelLoadError(
+                f"tensor_parallel_size={size} starts its workers with multiprocessing's spawn method, which runs the "
+                f"main script ({os.path.basename(unguarded[0])}) again in every worker, and this script creates the "
+                f"engine at its top level (line {unguarded[1]}), so every worker would create one too: put the code "
+                'that creates the engine under `if __name__ == "__main__":` (see docs/tensor-parallelism.md)')
         self.size = size
         self._failure: str | None = None
         self._lock = threading.Lock()

@@ -392,3 +392,50 @@ def test_speculative_decoding_verifies_on_two_ranks(speculative, demo_chats_and_
     assert estimate.weights_bytes == stats.weights_bytes
     assert estimate.kv_cache_bytes == stats.kv_cache_bytes
     assert estimate.rank_weights_bytes == stats.rank_weights_bytes
+
+
+# ---- the parent's main guard ----------------------------------------------------------------------
+
+UNGUARDED = """import sys
+from engine import Engine, EngineConfig
+engine = Engine(EngineConfig(model=sys.argv[1], dtype="float32", tensor_parallel_size=2))
+"""
+WHERE_THE_MAIN_THREAD_IS = """import json, threading
+from engine.runner.main_guard import unguarded_main_line
+top = unguarded_main_line()
+def nested(): return unguarded_main_line()
+via_a_function = nested()
+found = []
+helper = threading.Thread(target=lambda: found.append(unguarded_main_line()))
+helper.start(); helper.join()
+if __name__ == "__main__":
+    print(json.dumps([top, via_a_function, found[0], unguarded_main_line()]))
+"""
+
+
+def run_script(tmp_path, source: str, *args: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    return subprocess.run([sys.executable, str(script), *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, timeout=300)
+
+
+def test_a_script_without_a_main_guard_is_told_the_cause_and_the_fix(tiny_model_dirs, tmp_path):
+    """Spawn runs the parent's script again in each worker; without the guard the worker would build an engine of
+    its own and die with "rank 1 exited (exit code 1)". The engine names the script, the line and the fix."""
+    run = run_script(tmp_path, UNGUARDED, tiny_model_dirs["llama-gqa"])
+    assert run.returncode != 0
+    assert 'under `if __name__ == "__main__":`' in run.stderr and "script.py" in run.stderr, run.stderr[-2000:]
+    assert "(line 3)" in run.stderr and "exit code" not in run.stderr
+
+
+def test_the_guard_check_follows_the_main_thread(tmp_path):
+    """Unguarded: a top-level statement, a function it calls, another thread while the main thread is at the top
+    level; guarded: inside `if __name__ == "__main__":`; `python -c` (spawn runs nothing again): never."""
+    run = run_script(tmp_path, WHERE_THE_MAIN_THREAD_IS)
+    script = str(tmp_path / "script.py")
+    assert json.loads(run.stdout) == [[script, 3], [script, 5], [script, 8], None], run.stderr[-2000:]
+    inline = subprocess.run([sys.executable, "-c", "from engine.runner.main_guard import unguarded_main_line\n"
+                             "print(unguarded_main_line())"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert inline.stdout.strip() == "None", inline.stderr[-2000:]
