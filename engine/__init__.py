@@ -19,6 +19,7 @@ from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
 from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
+from engine.preload import import_serving_modules
 from engine.presets import list_presets, load_preset, preset_description
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import SamplingParams
@@ -30,10 +31,10 @@ from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, r
 drop_unactionable_library_logs()
 
 __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "Engine", "EngineConfig",
-           "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "GOODPUT_METRICS", "MemoryEstimate",
-           "ModelEntry", "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics",
-           "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "WorkloadSpec",
-           "bench_report", "build_workload", "check_goodput_slos", "choice_note", "describe_device",
-           "device_ceilings", "engine_roofline", "estimate_memory", "hub_repo", "list_models", "list_presets",
+           "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "GOODPUT_METRICS", "MemoryEstimate", "ModelEntry",
+           "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput",
+           "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "WorkloadSpec", "bench_report",
+           "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
+           "engine_roofline", "estimate_memory", "hub_repo", "import_serving_modules", "list_models", "list_presets",
            "load_preset", "measure_engine", "parse_sets", "plan_engine", "preset_description", "resolve_dataset",
            "tensor_parallel_reason", "unavailable_reason"]

@@ -5,9 +5,12 @@ installed (it is: the `torchao-*` levels use it). torchao then tries to load its
 libraries (CUDA kernels, one built for Python 3.10 only) and logs a warning for each one this machine
 cannot load, and it registers two enums with torch's pytree, which torch logs as deprecated. Both came
 on every start of the app, every bench run and every tensor-parallel worker; the engine calls none of
-those kernels, and neither message asks anything a user can do. Each filter matches one logger and
-one message (for the pytree one, only torchao's own enums), so every other record of those loggers,
-and every other warning, still shows.
+those kernels, and neither message asks anything a user can do. bitsandbytes, imported at the app's
+start since every module a request needs is imported then (`engine/preload.py`), asks on a CPU with
+AVX-512 BF16 for the `kernels` package, which would fetch compiled code from the Hugging Face Hub
+while loading: the engine never runs downloaded code, so nobody is meant to act on that either. Each
+filter matches one logger and one message (for the pytree one, only torchao's own enums), so every
+other record of those loggers, and every other warning, still shows.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import re
 
 _TORCHAO_EXTENSION = re.compile(r"^Failed to load \S*/torchao/_C[^/\s]*\.so\b")
 _PYTREE_ENUM = "is an Enum subclass and is now natively supported"
+_HUB_KERNELS = "Failed to load CPU gemm_4bit_forward from kernels-community"
 
 
 class _TorchaoExtensionLoads(logging.Filter):
@@ -36,7 +40,15 @@ class _TorchaoEnumRegistrations(logging.Filter):
         return not str(getattr(registered, "__module__", "")).startswith("torchao")
 
 
-FILTERS = {"torchao": _TorchaoExtensionLoads, "torch.utils._pytree": _TorchaoEnumRegistrations}
+class _HubKernelLoads(logging.Filter):
+    """bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community" (kernels fetched from the Hub)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_HUB_KERNELS)
+
+
+FILTERS = {"torchao": _TorchaoExtensionLoads, "torch.utils._pytree": _TorchaoEnumRegistrations,
+           "bitsandbytes.backends.cpu.ops": _HubKernelLoads}
 
 
 def drop_unactionable_library_logs() -> None:

@@ -20,7 +20,15 @@ import gradio as gr
 import psutil
 import torch
 
-from engine import Engine, EngineConfig, describe_device, estimate_memory, list_models, list_presets
+from engine import (
+    Engine,
+    EngineConfig,
+    describe_device,
+    estimate_memory,
+    import_serving_modules,
+    list_models,
+    list_presets,
+)
 from playground.api.openai import openai_routes
 from playground.benchmark.layout import TOOLTIPS as BENCHMARK_TOOLTIPS
 from playground.benchmark.layout import build_benchmark_tab, wire_benchmark_tab
@@ -108,8 +116,10 @@ def create_playground(settings: Settings | None = None, default_model: str | Non
 
     The default model is the curated entry marked `default` (the bundled demo model). In public
     mode the KV cache of one engine is capped (PLAYGROUND_MAX_KV_CACHE_MIB, by default the pool's
-    budget shared by PLAYGROUND_MAX_ENGINES engines).
+    budget shared by PLAYGROUND_MAX_ENGINES engines). Every module a load or a request imports is
+    imported here, on this thread, before any request can run (`engine.import_serving_modules`).
     """
+    import_serving_modules()
     models = list_models() if models is None else models
     settings = settings or Settings.from_env(list(models))
     budget = int(settings.pool_memory_gib * GIB) if settings.pool_memory_gib else default_memory_budget()
