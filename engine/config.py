@@ -191,8 +191,8 @@ class EngineConfig:
                 self.kv_memory_fraction, int | float) or not 0 < self.kv_memory_fraction <= 1):
             raise ConfigError(f"kv_memory_fraction must be a number in (0, 1] (or unset for the device's default), "
                               f"got {self.kv_memory_fraction!r}")
-        if not isinstance(self.seed, int):
-            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
+            raise ConfigError(f"seed must be a 64-bit integer, got {self.seed!r}")
         if not (self.gqa in ("native", "mha") or (isinstance(self.gqa, int) and not isinstance(self.gqa, bool)
                                                    and self.gqa >= 1)):
             raise ConfigError(f"gqa must be 'native', 'mha' or a positive number of KV heads, got {self.gqa!r}")

@@ -14,11 +14,12 @@ from pathlib import Path
 from engine import WorkloadSpec
 from playground.shared.errors import Refused
 from playground.shared.settings import Settings
-from playground.shared.values import parse_int
+from playground.shared.values import parse_int, parse_real
 
 DATASETS = ("random", "chat", "upload")
 MAX_UPLOAD_BYTES = 1024 * 1024
 MAX_RATE = 1000.0
+MAX_OBJECTIVE_MS = 1e9
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,7 @@ def parse_length(name: str, value, maximum: int) -> tuple[int, tuple[int, int] |
 def _objective(name: str, value) -> float | None:
     if value is None or value == "":
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise Refused(f"the {name} objective must be a number of ms (0 = none), got {value!r:.40}")
-    return float(value) or None
+    return parse_real(f"the {name} objective (ms, 0 = none)", value, 0.0, MAX_OBJECTIVE_MS) or None
 
 
 def _upload_path(upload) -> str:

@@ -95,7 +95,8 @@ class RooflineHandlers:
 
     @staticmethod
     def _window(window, probe_started) -> tuple[str, float]:
-        started = float(probe_started) if isinstance(probe_started, float | int) and probe_started > 0 else 0.0
+        is_time = isinstance(probe_started, float | int) and not isinstance(probe_started, bool)
+        started = float(probe_started) if is_time and 0 < probe_started <= time.perf_counter() else 0.0
         if window not in WINDOWS or (window == PROBE and not started):
             window = EVERYTHING
         return window, started

@@ -17,7 +17,14 @@ _ABSOLUTE_PATH = re.compile(rf"(?<![\w.:/~-])~?/(?:{_PATH_CHARS}+/)*({_PATH_CHAR
 
 
 class Refused(ValueError):
-    """What the playground refuses before the engine sees it: bad input, a hosting cap, the memory budget."""
+    """What the playground refuses before the engine sees it: bad input, a hosting cap, the memory budget.
+
+    `field` names the input at fault when there is one (the OpenAI routes answer it as the error's `param`).
+    """
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def redact_paths(text: str) -> str:

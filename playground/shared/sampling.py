@@ -10,21 +10,12 @@ from __future__ import annotations
 from engine import SamplingParams
 from playground.shared.errors import Refused
 from playground.shared.settings import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Settings
-from playground.shared.values import parse_int
+from playground.shared.values import parse_int, parse_real
 
 MAX_TEMPERATURE = 2.0
 # Below this a temperature only divides logits by a tiny number (overflow, no useful randomness):
 # it is served greedily, as temperature 0.
 GREEDY_BELOW = 1e-3
-
-
-def _unit_float(name: str, value, low: float, high: float, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Refused(f"{name} must be a number, got {value!r:.40}")
-    number = float(value)
-    if number != number or not (low < number if low_open else low <= number) or number > high:
-        raise Refused(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value!r:.40}")
-    return number
 
 
 def parse_stop(stop) -> tuple[str, ...]:
@@ -33,13 +24,23 @@ def parse_stop(stop) -> tuple[str, ...]:
         return ()
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list | tuple) or not all(isinstance(s, str) for s in items):
-        raise Refused("stop must be a string or a list of strings")
+        raise Refused("stop must be a string or a list of strings", "stop")
     items = [s for s in items if s]
     if len(items) > MAX_STOP_STRINGS:
-        raise Refused(f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}")
+        raise Refused(f"at most {MAX_STOP_STRINGS} stop strings, got {len(items)}", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in items):
-        raise Refused(f"a stop string may be at most {MAX_STOP_CHARS} characters")
+        raise Refused(f"a stop string may be at most {MAX_STOP_CHARS} characters", "stop")
+    if not all(_encodable(s) for s in items):
+        raise Refused("a stop string is not valid Unicode text (it contains a lone surrogate)", "stop")
     return tuple(items)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_seed(seed) -> int | None:
@@ -55,16 +56,17 @@ def parse_sampling(settings: Settings, max_tokens, temperature=0.0, top_p=1.0, t
     cap = settings.max_new_tokens
     tokens = parse_int("max_tokens", max_tokens, 1)
     if tokens > cap:
-        raise Refused(f"max_tokens={tokens} is over this server's maximum of {cap} (PLAYGROUND_MAX_NEW_TOKENS)")
+        raise Refused(f"max_tokens={tokens} is over this server's maximum of {cap} (PLAYGROUND_MAX_NEW_TOKENS)",
+                      "max_tokens")
     if not isinstance(ignore_eos, bool):
-        raise Refused("ignore_eos must be true or false")
-    temperature = _unit_float("temperature", 0.0 if temperature is None else temperature, 0.0, MAX_TEMPERATURE)
+        raise Refused("ignore_eos must be true or false", "ignore_eos")
+    temperature = parse_real("temperature", 0.0 if temperature is None else temperature, 0.0, MAX_TEMPERATURE)
     return SamplingParams(
         max_tokens=tokens,
         temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-        top_p=_unit_float("top_p", 1.0 if top_p is None else top_p, 0.0, 1.0, low_open=True),
+        top_p=parse_real("top_p", 1.0 if top_p is None else top_p, 0.0, 1.0, low_open=True),
         top_k=parse_int("top_k", 0 if top_k is None else top_k, 0, 1_000_000),
         seed=parse_seed(seed),
         stop=parse_stop(stop),
         ignore_eos=ignore_eos,
-    ).validate()
+    ).validate()  # cannot fail: every value is already inside the engine's bounds

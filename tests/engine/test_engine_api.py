@@ -201,6 +201,7 @@ def test_unsupported_architecture(tmp_path):
     (dict(speculative="draft", model="org/no-curated-draft"), "draft_model"),
     (dict(kv_cache_bytes=-5), "kv_cache_bytes"),
     (dict(gqa="many"), "gqa"),
+    (dict(seed=10**30), "seed must be a 64-bit integer"),  # torch's generator overflowed at load
 ])
 def test_impossible_configs_are_refused_up_front(settings, message):
     with pytest.raises(ConfigError, match=message):
