@@ -19,6 +19,7 @@ from pathlib import Path
 import gradio as gr
 import psutil
 import torch
+from starlette.middleware import Middleware
 
 from engine import (
     Engine,
@@ -29,6 +30,7 @@ from engine import (
     list_models,
     list_presets,
 )
+from playground.api.http_limits import BodyLimits, bounded_protocol
 from playground.api.openai import openai_routes
 from playground.benchmark.layout import TOOLTIPS as BENCHMARK_TOOLTIPS
 from playground.benchmark.layout import build_benchmark_tab, wire_benchmark_tab
@@ -210,16 +212,20 @@ def build_app(context: PlaygroundContext) -> gr.Blocks:
 def launch(context: PlaygroundContext, demo: gr.Blocks | None = None, prevent_thread_lock: bool = False,
            **launch_kwargs):
     """Queue bounds from the settings, and Gradio's launch (GRADIO_SERVER_NAME/PORT honoured) of a server that
-    also has the OpenAI-compatible routes (/v1/...), over the same engine pool. The routes are given to the
+    also has the OpenAI-compatible routes (/v1/...), over the same engine pool, and bounds every request's
+    body and the time to send it and its headers (`api/http_limits.py`). The routes are given to the
     server when it is created: added after it starts, they answered 404 for a moment."""
     settings = context.settings
     for warning in settings.warnings:
         print(f"\n[playground] WARNING: {warning}\n", file=sys.stderr, flush=True)
     demo = demo or build_app(context)
     demo.queue(max_size=settings.max_queue, default_concurrency_limit=settings.max_concurrent_chats)
+    limits = Middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    server = {"routes": openai_routes(context), "middleware": [limits]}
     result = demo.launch(theme=THEME, css_paths=[CSS_PATH], css=page_css(), js=page_js(), head=PAGE_HEAD,
-                         prevent_thread_lock=True, app_kwargs={"routes": openai_routes(context)},
-                         **launch_kwargs)
+                         prevent_thread_lock=True, app_kwargs=server, **launch_kwargs)
+    # uvicorn makes each new connection's protocol from its config: from now on, one that times its headers out
+    demo.server.config.http_protocol_class = bounded_protocol(settings.header_timeout_s)
     if not prevent_thread_lock:
         demo.block_thread()
     return result

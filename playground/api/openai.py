@@ -3,14 +3,18 @@
 Why: the official `openai` client, and every tool built on it, can then talk to the engines the
 playground serves, over the same engine pool (a request for a configuration a browser tab uses is
 batched with that tab's chat) and under the same hosting limits: the allow-list, the token,
-message and stop caps, the memory budget, and a bound on requests in flight (429 beyond it).
+message, conversation and stop caps, the memory budget, and the bounds on calls and tokens in
+flight (`admission.py`, 429 beyond them). Everything a request asks for is done as asked or
+refused: a field this server does not implement (or does not know) is a 400 naming it, and a
+prompt that leaves no room for its `max_tokens` is a 400, as vLLM answers it.
 
 A model id is a model name (curated name, hub id or path, as the allow-list permits), optionally
 followed by `@preset` to serve it with an optimization preset, e.g. `demo@no-prefix-cache`.
 Usage figures are the engine's own counts (`prompt_tokens`, `completion_tokens`, and
 `prompt_tokens_details.cached_tokens` from the prefix cache); each response also carries the
 engine's per-request `metrics` (TTFT, TPOT, E2EL) as an extension field. Streaming uses
-server-sent events ending with `data: [DONE]`; a client that disconnects cancels its requests.
+server-sent events ending with `data: [DONE]`. A client that disconnects cancels its requests,
+streamed or not.
 """
 
 from __future__ import annotations
@@ -27,35 +31,31 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine import EngineConfig, EngineError, RequestError
+from playground.api.admission import Admission, Ticket, client_address
+from playground.api.errors import APIError
 from playground.figures.replies import reply_figures
+from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.configs import default_config, preset_config
 from playground.shared.context import PlaygroundContext
 from playground.shared.conversation import as_prompt
 from playground.shared.errors import Refused
 from playground.shared.sampling import parse_sampling
+from playground.shared.values import parse_int
 
 MAX_PROMPTS = 16
-MAX_MESSAGES = 256
-ROLES = ("system", "user", "assistant")
-# Fields of OpenAI requests this server does not implement: refused unless absent or at their neutral value.
+MAX_USER_CHARS = 256
+DISCONNECT_POLL_S = 0.2
+# Fields of OpenAI (and vLLM) requests this server does not implement: refused unless absent or at their neutral value.
 UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
                "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
                "suffix": (None, ""), "best_of": (None, 1), "presence_penalty": (None, 0, 0.0),
-               "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "n": (None, 1)}
+               "frequency_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
+               "min_p": (None, 0, 0.0), "logit_bias": (None, {}), "n": (None, 1)}
+# The fields each route implements; any other field gets a 400 naming it (`user` is taken and not used).
+SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+FIELDS = {"chat": {"model", "messages", "max_completion_tokens", "stream", "stream_options", "user", *SAMPLING},
+          "text": {"model", "prompt", "stream", "stream_options", "user", *SAMPLING}}
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.param, self.code = status, kind, param, code
-
-    def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                       "code": self.code}}, status_code=self.status)
 
 
 class _Job:
@@ -86,23 +86,11 @@ class OpenAIService:
 
     def __init__(self, context: PlaygroundContext):
         self.context = context
-        self.settings = context.settings
-        self._in_flight = 0
-        self._lock = threading.Lock()
+        self.settings = settings = context.settings
+        self.admission = Admission(settings.max_concurrent_chats + settings.max_queue, settings.max_tokens_in_flight,
+                                   settings.max_client_tokens_in_flight)
 
     # ----- admission and configuration ------------------------------------------------------
-
-    def _admit(self) -> None:
-        limit = self.settings.max_concurrent_chats + self.settings.max_queue
-        with self._lock:
-            if self._in_flight >= limit:
-                raise APIError(429, f"the server is busy ({limit} requests in flight); retry shortly",
-                               kind="rate_limit_error", code="server_busy")
-            self._in_flight += 1
-
-    def _leave(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
 
     def config_for(self, model) -> EngineConfig:
         """The engine configuration of a model id (`name` or `name@preset`), validated under the hosting limits."""
@@ -134,41 +122,69 @@ class OpenAIService:
 
     # ----- requests -------------------------------------------------------------------------
 
-    def _sampling(self, body: dict, prompt_tokens: list[int], max_model_len: int):
-        for field, neutral in UNSUPPORTED.items():
-            if body.get(field) not in neutral:
-                raise APIError(400, f"{field} is not supported by this server", param=field)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    @staticmethod
+    async def _body(request: Request) -> dict:
+        """The request's JSON object (its size and read time are bounded by `http_limits.BodyLimits`)."""
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested too deeply to read
+            raise APIError(400, "the request body must be JSON") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        return body
+
+    def _check_fields(self, body: dict, kind: str) -> None:
+        for field_name, value in body.items():
+            if field_name in UNSUPPORTED:
+                if value not in UNSUPPORTED[field_name]:
+                    raise APIError(400, f"{field_name} is not supported by this server", param=field_name)
+            elif field_name not in FIELDS[kind]:
+                raise APIError(400, f"unknown field {field_name[:60]!r}: this server takes "
+                                    f"{', '.join(sorted(FIELDS[kind]))}", param=field_name[:60])
+        user = body.get("user")
+        if user is not None and (not isinstance(user, str) or len(user) > MAX_USER_CHARS):
+            raise APIError(400, f"user must be text of at most {MAX_USER_CHARS} characters", param="user")
+        if not isinstance(body.get("stream", False), bool):
+            raise APIError(400, "stream must be true or false", param="stream")
+        options = body.get("stream_options")
+        if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}
+                                    or not isinstance(options.get("include_usage", False), bool)):
+            raise APIError(400, "stream_options may only hold include_usage (true or false)", param="stream_options")
+
+    @staticmethod
+    def _max_tokens(body: dict) -> tuple[str, object]:
+        """(field, value) of the token budget asked for: `max_completion_tokens`, else `max_tokens` (value None
+        when neither is set)."""
+        if body.get("max_completion_tokens") is not None:
+            return "max_completion_tokens", body["max_completion_tokens"]
+        return "max_tokens", body.get("max_tokens")
+
+    def _sampling(self, body: dict, prompt_tokens: list[int], max_model_len: int, kind: str):
+        budget_field, max_tokens = self._max_tokens(body)
+        longest = max(len(ids) for ids in prompt_tokens)
         if max_tokens is None:
-            longest = max(len(ids) for ids in prompt_tokens)
             max_tokens = max(1, min(self.settings.max_new_tokens, max_model_len - longest))
         try:
-            return parse_sampling(self.settings, max_tokens, body.get("temperature", 1.0), body.get("top_p", 1.0),
-                                  body.get("top_k", 0), body.get("seed"), body.get("stop"),
-                                  body.get("ignore_eos", False))
-        except Refused as error:
-            raise APIError(400, str(error)) from None
+            params = parse_sampling(self.settings, max_tokens, body.get("temperature", 1.0), body.get("top_p", 1.0),
+                                    body.get("top_k", 0), body.get("seed"), body.get("stop"),
+                                    body.get("ignore_eos", False))
+        except Refused as refusal:
+            raise APIError(400, str(refusal), param=budget_field if refusal.field == "max_tokens" else refusal.field
+                           ) from None
+        if longest + params.max_tokens > max_model_len:
+            what = "messages" if kind == "chat" else "prompt"
+            raise APIError(400, f"this model's maximum context length is {max_model_len} tokens; this request asks "
+                                f"for {longest + params.max_tokens} ({longest} in the {what}, {params.max_tokens} in "
+                                "the completion): shorten the prompt or lower max_tokens",
+                           param=what, code="context_length_exceeded")
+        return params
 
     def _messages(self, messages) -> list[dict]:
-        if not isinstance(messages, list) or not messages or len(messages) > MAX_MESSAGES:
-            raise APIError(400, f"messages must be a list of 1 to {MAX_MESSAGES} messages", param="messages")
-        cleaned = []
-        for message in messages:
-            if not isinstance(message, dict) or message.get("role") not in ROLES:
-                raise APIError(400, f"each message needs a role among {', '.join(ROLES)}", param="messages")
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: only text is understood here
-                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                           for p in content):
-                    raise APIError(400, "only text content parts are supported", param="messages")
-                content = "".join(p["text"] for p in content)
-            if not isinstance(content, str):
-                raise APIError(400, "each message's content must be text", param="messages")
-            if len(content) > self.settings.max_message_chars:
-                raise APIError(400, f"a message is {len(content):,} characters; this server takes at most "
-                                    f"{self.settings.max_message_chars:,}", param="messages")
-            cleaned.append({"role": message["role"], "content": content})
-        return cleaned
+        settings = self.settings
+        try:
+            return parse_messages(messages, MAX_MESSAGES, settings.max_message_chars, settings.max_conversation_chars)
+        except Refused as refusal:
+            raise APIError.refused(refusal) from None
 
     def _prompts(self, prompt) -> list:
         prompts = [prompt] if isinstance(prompt, str) or (isinstance(prompt, list) and prompt
@@ -176,6 +192,7 @@ class OpenAIService:
         if not isinstance(prompts, list) or not prompts or len(prompts) > MAX_PROMPTS:
             raise APIError(400, f"prompt must be a string, a list of token ids, or a list of 1 to {MAX_PROMPTS} "
                                 "of those", param="prompt")
+        total = 0
         for item in prompts:
             is_ids = isinstance(item, list) and item and all(isinstance(t, int) and not isinstance(t, bool)
                                                              for t in item)
@@ -183,21 +200,36 @@ class OpenAIService:
                 raise APIError(400, "each prompt must be a string or a non-empty list of token ids", param="prompt")
             if len(item) > self.settings.max_message_chars:
                 raise APIError(400, f"a prompt may be at most {self.settings.max_message_chars:,} characters or "
-                                    "tokens", param="prompt")
+                                    "tokens (PLAYGROUND_MAX_MESSAGE_CHARS)", param="prompt")
+            total += len(item)
+        if total > self.settings.max_conversation_chars:
+            raise APIError(400, f"the prompts are over {self.settings.max_conversation_chars:,} characters or tokens "
+                                "in all, this server's limit (PLAYGROUND_MAX_CONVERSATION_CHARS)", param="prompt")
         return prompts
 
-    def _start(self, body: dict, prompts: list, kind: str) -> tuple[_Job, dict]:
+    def _admit(self, request: Request, body: dict, prompts: int) -> Ticket:
+        """A place among the calls in flight, holding the tokens the call may generate (before anything is
+        tokenised: an explicit max_tokens, checked, else the server's cap)."""
+        budget_field, asked = self._max_tokens(body)
+        try:
+            max_tokens = self.settings.max_new_tokens if asked is None else parse_int(budget_field, asked, 1)
+        except Refused as refusal:
+            raise APIError.refused(refusal) from None
+        tokens = prompts * min(max_tokens, self.settings.max_new_tokens)
+        return self.admission.admit(client_address(request, self.settings.client_address_header), tokens)
+
+    def _start(self, body: dict, prompts: list, kind: str, ticket: Ticket) -> tuple[_Job, dict]:
         """Lease the engine, encode every prompt, check the limits, submit; runs in a worker thread.
 
-        On success the returned job owns the caller's place in flight; on failure that place is freed.
+        On success the returned job owns the call's ticket; on failure the ticket is given back.
         """
         try:
-            return self._submit(body, prompts, kind)
+            return self._submit(body, prompts, kind, ticket)
         except BaseException:
-            self._leave()
+            self.admission.leave(ticket)
             raise
 
-    def _submit(self, body: dict, prompts: list, kind: str) -> tuple[_Job, dict]:
+    def _submit(self, body: dict, prompts: list, kind: str, ticket: Ticket) -> tuple[_Job, dict]:
         config = self.config_for(body.get("model"))
         try:
             entry = self.context.pool.acquire(config)
@@ -206,6 +238,7 @@ class OpenAIService:
                            self.context.describe(error), kind="server_error"
                            if not isinstance(error, EngineError | Refused) else "invalid_request_error") from None
         job = _Job(self.context.pool, entry, on_close=lambda: None)
+        what = "messages" if kind == "chat" else "prompt"
         try:
             engine = job.engine
             max_model_len = engine.info.max_model_len
@@ -215,21 +248,37 @@ class OpenAIService:
             try:
                 ids = [engine.encode(p) for p in prompts]
             except RequestError as error:
-                raise APIError(400, self.context.describe(error),
+                raise APIError(400, self.context.describe(error), param=what,
                                code="context_length_exceeded" if "max_model_len" in str(error) else None) from None
             longest = max(len(i) for i in ids)
             if longest > self.settings.max_prompt_tokens:
                 raise APIError(400, f"the prompt is {longest} tokens; this server allows "
-                                    f"{self.settings.max_prompt_tokens} (PLAYGROUND_MAX_PROMPT_TOKENS)",
+                                    f"{self.settings.max_prompt_tokens} (PLAYGROUND_MAX_PROMPT_TOKENS)", param=what,
                                code="context_length_exceeded")
-            params = self._sampling(body, ids, max_model_len)
+            params = self._sampling(body, ids, max_model_len, kind)
             speculative = config.speculative != "off"
             job.handles = [engine.submit(prompt_ids, params) for prompt_ids in ids]
         except BaseException:
             job.close()
             raise
-        job.on_close = self._leave
+        job.on_close = lambda: self.admission.leave(ticket)
         return job, {"speculative": speculative}
+
+    async def _outputs(self, request: Request, job: _Job) -> list | None:
+        """Every request's output; None when the client went away first (its requests are cancelled at once)."""
+        gone = False
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                nonlocal gone
+                while not await request.is_disconnected():
+                    await anyio.sleep(DISCONNECT_POLL_S)
+                gone = True
+                job.close()  # cancels what still runs: the outputs below come back at once
+
+            group.start_soon(watch)
+            outputs = await anyio.to_thread.run_sync(lambda: [handle.result() for handle in job.handles])
+            group.cancel_scope.cancel()
+        return None if gone else outputs
 
     # ----- responses ------------------------------------------------------------------------
 
@@ -244,34 +293,28 @@ class OpenAIService:
     async def respond(self, request: Request, kind: str):
         """One `/v1/chat/completions` (kind "chat") or `/v1/completions` (kind "text") request."""
         try:
-            body = await request.json()
-        except ValueError:
-            return APIError(400, "the request body must be JSON").response()
-        try:
-            if not isinstance(body, dict):
-                raise APIError(400, "the request body must be a JSON object")
+            body = await self._body(request)
+            self._check_fields(body, kind)
             prompts = [self._messages(body.get("messages"))] if kind == "chat" else self._prompts(body.get("prompt"))
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise APIError(400, "stream must be true or false", param="stream")
-            self._admit()
+            ticket = self._admit(request, body, len(prompts))
         except APIError as error:
             return error.response()
         try:
-            job, extra = await anyio.to_thread.run_sync(self._start, body, prompts, kind)
+            job, extra = await anyio.to_thread.run_sync(self._start, body, prompts, kind, ticket)
         except APIError as error:
             return error.response()
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": body["model"]}
-        if not stream:
+        if not body.get("stream", False):
             try:
-                outputs = await anyio.to_thread.run_sync(lambda: [h.result() for h in job.handles])
+                outputs = await self._outputs(request, job)
             finally:
                 job.close()
+            if outputs is None:
+                return APIError(499, "the client closed the connection", code="client_closed_request").response()
             return self._complete(kind, meta, outputs, extra["speculative"])
         options = body.get("stream_options") or {}
-        events = self._events(kind, meta, job, extra["speculative"],
-                              bool(isinstance(options, dict) and options.get("include_usage")))
+        events = self._events(kind, meta, job, extra["speculative"], options.get("include_usage", False))
         weakref.finalize(events, job.close)  # a stream that never starts still returns its lease and place
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -3,9 +3,10 @@
 Why: a public server (a Hugging Face Space, or any bind address other than loopback) is reached by
 many people at once, by odd input and by people probing it. Public mode therefore loads only the
 curated models unless told otherwise, caps every memory-sizing field of a configuration, caps
-messages, tokens, the queue and the size of Benchmark and Compare runs (requests, concurrency,
-tokens in all), and never echoes server paths in errors. On a laptop bound to
-127.0.0.1, any local folder or hub id may be loaded. Remote code is never trusted, whatever the
+messages, conversations, tokens, the queue and the size of Benchmark and Compare runs (requests,
+concurrency, tokens in all), and never echoes server paths in errors. Everywhere, request bodies and the time to send them are bounded, and the tokens
+one client may have in flight are a share of the server's. On a laptop bound to 127.0.0.1, any
+local folder or hub id may be loaded. Remote code is never trusted, whatever the
 settings: the engine only reads config.json, tokenizer files and safetensors weights.
 """
 
@@ -71,8 +72,14 @@ class Settings:
     are None where a field is not capped (the engine's own validation still applies); in public
     mode each has a default. The `max_bench_*` caps bound one Benchmark or Compare run: its
     requests, its requests in flight, and prompt + output tokens over all its requests (each request
-    is also held to `max_prompt_tokens` and `max_new_tokens`). `warnings` are printed loudly when the
-    server starts.
+    is also held to `max_prompt_tokens` and `max_new_tokens`).
+
+    Every HTTP request's body is at most `max_body_bytes` (413 beyond), its headers must arrive within
+    `header_timeout_s` and its body within `body_timeout_s`. The text of one API request (its
+    messages or prompts) is at most `max_conversation_chars`, checked before anything is tokenised.
+    API calls in flight hold `prompts x max_tokens` tokens each: at most `max_tokens_in_flight` over
+    all clients and `max_client_tokens_in_flight` for one client (its address, or the last address of
+    the `client_address_header` a proxy sets). `warnings` are printed loudly when the server starts.
     """
 
     allowed_models: frozenset[str] | None = None
@@ -91,6 +98,13 @@ class Settings:
     max_bench_requests: int = 1024
     max_bench_concurrency: int = 256
     max_bench_tokens: int = 4_000_000
+    max_body_bytes: int = 16 * MIB
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_conversation_chars: int = 128_000
+    max_tokens_in_flight: int = 40_960
+    max_client_tokens_in_flight: int = 10_240
+    client_address_header: str | None = None
     public: bool = False
     on_space: bool = False
     warnings: tuple[str, ...] = ()
@@ -129,14 +143,20 @@ class Settings:
                 names.update(curated_models if item == CURATED else [item])
             allowed = frozenset(names)
             curated_only = names <= set(curated_models)
+        max_new_tokens = _int_env(env, "PLAYGROUND_MAX_NEW_TOKENS", 256 if public else 512)
+        max_queue = _int_env(env, "PLAYGROUND_MAX_QUEUE", 32 if public else 64)
+        max_concurrent_chats = _int_env(env, "PLAYGROUND_MAX_CONCURRENT_CHATS", 16)
+        tokens_in_flight = _int_env(env, "PLAYGROUND_MAX_TOKENS_IN_FLIGHT",
+                                    (max_concurrent_chats + max_queue) * max_new_tokens)
+        header = env.get("PLAYGROUND_CLIENT_ADDRESS_HEADER", "x-forwarded-for" if on_space else "").strip().lower()
         return cls(
             allowed_models=allowed,
             curated_only=curated_only,
-            max_new_tokens=_int_env(env, "PLAYGROUND_MAX_NEW_TOKENS", 256 if public else 512),
+            max_new_tokens=max_new_tokens,
             max_prompt_tokens=_int_env(env, "PLAYGROUND_MAX_PROMPT_TOKENS", 2048 if public else 4096),
             max_message_chars=_int_env(env, "PLAYGROUND_MAX_MESSAGE_CHARS", 8_000 if public else 32_000),
-            max_queue=_int_env(env, "PLAYGROUND_MAX_QUEUE", 32 if public else 64),
-            max_concurrent_chats=_int_env(env, "PLAYGROUND_MAX_CONCURRENT_CHATS", 16),
+            max_queue=max_queue,
+            max_concurrent_chats=max_concurrent_chats,
             pool_memory_gib=_float_env(env, "PLAYGROUND_POOL_MEMORY_GIB", None),
             max_engines=_int_env(env, "PLAYGROUND_MAX_ENGINES", 2 if public else 3),
             max_kv_cache_mib=_int_env(env, "PLAYGROUND_MAX_KV_CACHE_MIB", None),
@@ -146,6 +166,15 @@ class Settings:
             max_bench_requests=_int_env(env, "PLAYGROUND_MAX_BENCH_REQUESTS", 64 if public else 1024),
             max_bench_concurrency=_int_env(env, "PLAYGROUND_MAX_BENCH_CONCURRENCY", 16 if public else 256),
             max_bench_tokens=_int_env(env, "PLAYGROUND_MAX_BENCH_TOKENS", 65_536 if public else 4_000_000),
+            max_body_bytes=_int_env(env, "PLAYGROUND_MAX_BODY_MIB", 4 if public else 16) * MIB,
+            header_timeout_s=_float_env(env, "PLAYGROUND_HEADER_TIMEOUT_S", 10.0),
+            body_timeout_s=_float_env(env, "PLAYGROUND_BODY_TIMEOUT_S", 30.0),
+            max_conversation_chars=_int_env(env, "PLAYGROUND_MAX_CONVERSATION_CHARS",
+                                            32_000 if public else 128_000),
+            max_tokens_in_flight=tokens_in_flight,
+            max_client_tokens_in_flight=_int_env(env, "PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT",
+                                                 max(1, tokens_in_flight // 4)),
+            client_address_header=header or None,
             public=public,
             on_space=on_space,
             warnings=tuple(warnings),

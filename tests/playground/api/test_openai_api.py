@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +26,10 @@ QUESTION = [{"role": "user", "content": "What does the json module do?"}]
 def served(tmp_path_factory):
     model = pick_model(tmp_path_factory)
     app, demo, url = start_app(model, Settings(max_new_tokens=200, max_prompt_tokens=400, max_queue=4,
-                                               max_concurrent_chats=2, max_message_chars=2000))
+                                               max_concurrent_chats=2, max_message_chars=2000,
+                                               max_conversation_chars=5000, max_tokens_in_flight=4000,
+                                               max_client_tokens_in_flight=3200, max_body_bytes=2**20,
+                                               header_timeout_s=1.0, body_timeout_s=1.0))
     client = openai.OpenAI(base_url=url + "v1", api_key="unused", max_retries=0, timeout=120)
     yield SimpleNamespace(app=app, url=url, model=model, client=client)
     demo.close()
@@ -125,14 +131,15 @@ def test_bad_requests_get_openai_style_errors(served):
 
 
 def test_the_allow_list_and_the_queue_bound_hold(served):
-    from playground.api.openai import APIError, OpenAIService
+    from playground.api.errors import APIError
+    from playground.api.openai import OpenAIService
 
     service = OpenAIService(served.app)
     limit = served.app.settings.max_concurrent_chats + served.app.settings.max_queue
-    for _ in range(limit):
-        service._admit()
+    for index in range(limit):
+        service.admission.admit(f"client-{index}", 1)
     with pytest.raises(APIError, match="busy") as busy:
-        service._admit()
+        service.admission.admit("another", 1)
     assert busy.value.status == 429
     from playground.app import create_playground
 
@@ -172,3 +179,118 @@ def test_the_bench_can_target_the_endpoint(served, tmp_path):
     assert result["total_input_tokens"] == 4 * 40 and result["mean_ttft_ms"] > 0 and result["mean_tpot_ms"] > 0
     assert result["prefix_cache_hit_rate"] > 0.5, "the shared prefix should come from the prefix cache"
     assert result["compare"]["prefix_cache_hit_rate"] == 0 and result["compare"]["config"]["prefix_caching"] is False
+
+
+# ----- what one client may cost -----------------------------------------------------------------------------
+
+
+def raw_post(served, path: str, payload: dict, source: str = "127.0.0.1", timeout: float = 60):
+    """(connection, response) of a POST sent from the loopback address `source` (each one is its own client)."""
+    host, port = served.url.split("//")[1].rstrip("/").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout, source_address=(source, 0))
+    connection.request("POST", path, body=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    return connection, connection.getresponse()
+
+
+def test_a_non_streaming_client_that_disconnects_cancels_every_prompt(served):
+    """16 prompts of up to 200 tokens each, and the client gives up after 0.3 s: the engine stops them all."""
+    engine = default_engine(served)
+    started = time.perf_counter()
+    body = {"model": served.model, "prompt": ["Tell me a long story."] * 16, "max_tokens": 200, "ignore_eos": True}
+    with pytest.raises(TimeoutError):
+        raw_post(served, "/v1/completions", body, timeout=0.3)
+    deadline = time.monotonic() + 30
+    while (engine.stats().num_running or engine.stats().num_waiting) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats().num_running == engine.stats().num_waiting == 0
+    generated = sum(step.num_output_tokens for step in engine.step_history(since=started))
+    assert generated < 16 * 200 / 4, f"{generated} tokens generated for a client that had gone"
+    assert served.client.models.list().data
+
+
+def test_the_tokens_in_flight_are_bounded_per_client(served):
+    """One client's requests may hold max_client_tokens_in_flight tokens (prompts x max_tokens, 3,200 here): with 16
+    prompts of 200 tokens streaming, its next request waits its turn (429) while another client is served, and its
+    tokens come back when its stream ends."""
+    ask = {"model": served.model, "prompt": ["def add(a, b):"] * 16, "max_tokens": 200, "ignore_eos": True,
+           "stream": True}
+    small = {"model": served.model, "prompt": "def add(a, b):", "max_tokens": 2}
+    first, streaming = raw_post(served, "/v1/completions", ask, source="127.0.0.2")
+    try:
+        assert streaming.readline().startswith(b"data: ")
+        second, refused = raw_post(served, "/v1/completions", small, source="127.0.0.2")
+        assert refused.status == 429 and "PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT" in refused.read().decode()
+        second.close()
+        other, answered = raw_post(served, "/v1/completions", small, source="127.0.0.3")
+        assert answered.status == 200 and json.loads(answered.read())["usage"]["completion_tokens"] == 2
+        other.close()
+    finally:
+        first.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        again, reply = raw_post(served, "/v1/completions", small, source="127.0.0.2")
+        status = reply.status
+        again.close()
+        if status == 200:
+            break
+        time.sleep(0.1)
+    assert status == 200, "the client's tokens were not given back when its stream ended"
+
+
+def test_requests_are_served_as_asked_or_refused(served):
+    """max_completion_tokens: null leaves max_tokens in force; fields this server does not implement are refused by
+    name, and so is a prompt that leaves no room for its max_tokens (as vLLM refuses it)."""
+    client = served.client
+    reply = client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=3,
+                                           extra_body={"max_completion_tokens": None, "ignore_eos": True})
+    assert reply.usage.completion_tokens == 3
+    for field, value in (("repetition_penalty", 1.2), ("min_tokens", 5), ("min_p", 0.1), ("guided_json", {}),
+                         ("user", 5)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=2,
+                                           extra_body={field: value})
+        assert refused.value.body["param"] == field
+    from playground.api.errors import APIError
+    from playground.api.openai import OpenAIService
+
+    service = OpenAIService(served.app)
+    with pytest.raises(APIError, match="maximum context length is 1024") as too_long:
+        service._sampling({"max_tokens": 100}, [[5] * 1000], 1024, "chat")
+    assert (too_long.value.param, too_long.value.code) == ("messages", "context_length_exceeded")
+    assert service._sampling({}, [[5] * 1000], 1024, "text").max_tokens == 24  # no max_tokens: what fits
+
+
+def test_a_conversation_over_the_cap_is_refused_before_it_is_tokenised(served, monkeypatch):
+    engine = default_engine(served)
+    encoded = []
+    monkeypatch.setattr(engine, "encode", lambda prompt, encode=engine.encode: encoded.append(1) or encode(prompt))
+    messages = [{"role": "user", "content": "os path " * 160}] * 4  # 1,280 characters each, 5,120 in all
+    with pytest.raises(openai.BadRequestError, match="PLAYGROUND_MAX_CONVERSATION_CHARS") as refused:
+        served.client.chat.completions.create(model=served.model, messages=messages, max_tokens=2)
+    assert refused.value.body["param"] == "messages" and not encoded
+    served.client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=2)
+    assert encoded
+
+
+def test_request_bodies_and_their_headers_are_bounded(served):
+    """Over max_body_bytes (1 MiB here): 413 as soon as the declared length says so, or as soon as a chunked body
+    grows past it, without reading the rest; a body or headers that do not arrive in time end the connection."""
+    host, port = served.url.split("//")[1].rstrip("/").split(":")
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + b"Content-Length: 52428800\r\n\r\n" + b" " * 65536)  # 50 MB declared, 64 KB sent
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n")
+        with contextlib.suppress(OSError):  # the server closes the connection once it has answered
+            for _ in range(4):
+                sock.sendall(b"80000\r\n" + b" " * 0x80000 + b"\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + b"Content-Length: 100\r\n\r\n{")  # 99 bytes never come
+        assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        started = time.monotonic()
+        assert sock.recv(4096) == b"" and time.monotonic() - started < 5
+    assert served.client.models.list().data

@@ -43,6 +43,25 @@ def test_settings_read_limits_from_environment():
         Settings.from_env([], env={"PLAYGROUND_POOL_MEMORY_GIB": "nan"})
 
 
+def test_bodies_conversations_and_tokens_in_flight_are_bounded():
+    public = Settings.from_env(["demo"], env={"PLAYGROUND_PUBLIC": "1"})
+    assert (public.max_body_bytes, public.max_conversation_chars) == (4 * 2**20, 32_000)
+    assert (public.header_timeout_s, public.body_timeout_s) == (10.0, 30.0)
+    assert public.max_tokens_in_flight == (16 + 32) * 256 and public.max_client_tokens_in_flight == 48 * 256 // 4
+    assert Settings.from_env(["demo"], env={}).client_address_header is None
+    assert Settings.from_env(["demo"], env={"SPACE_ID": "me/x"}).client_address_header == "x-forwarded-for"
+    env = {"PLAYGROUND_MAX_BODY_MIB": "2", "PLAYGROUND_HEADER_TIMEOUT_S": "3", "PLAYGROUND_BODY_TIMEOUT_S": "4",
+           "PLAYGROUND_MAX_CONVERSATION_CHARS": "5000", "PLAYGROUND_MAX_TOKENS_IN_FLIGHT": "900",
+           "PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT": "300", "PLAYGROUND_CLIENT_ADDRESS_HEADER": "X-Real-IP"}
+    settings = Settings.from_env(["demo"], env=env)
+    assert (settings.max_body_bytes, settings.header_timeout_s, settings.body_timeout_s) == (2 * 2**20, 3.0, 4.0)
+    assert (settings.max_conversation_chars, settings.max_tokens_in_flight, settings.max_client_tokens_in_flight) == (
+        5000, 900, 300)
+    assert settings.client_address_header == "x-real-ip"
+    with pytest.raises(ValueError, match="PLAYGROUND_BODY_TIMEOUT_S"):
+        Settings.from_env([], env={"PLAYGROUND_BODY_TIMEOUT_S": "0"})
+
+
 def test_public_errors_do_not_echo_server_paths():
     error = RequestError("cannot read the model config in /srv/secret/models/x: no config.json")
     assert describe_error(error, public=True) == "cannot read the model config in x: no config.json"
