@@ -83,5 +83,9 @@ def wire_benchmark_tab(benchmark: BenchmarkHandlers, ui: dict, session) -> None:
     with gr.Group(visible=False):
         report, as_json, as_csv, cancelled = gr.JSON(), gr.File(), gr.File(), gr.Textbox()
         run, cancel = gr.Button("benchmark"), gr.Button("cancel_benchmark")
-    run.click(benchmark.api_benchmark, [*knobs, session], [report, as_json, as_csv], api_name="benchmark", **measure)
-    cancel.click(benchmark.api_cancel, [session], cancelled, api_name="cancel_benchmark", queue=False)
+    # preprocess=False: the handler parses every raw value (Gradio's own number checks raised on text); an upload
+    # arrives as Gradio's file record, already moved into its upload cache
+    run.click(benchmark.api_benchmark, [*knobs, session], [report, as_json, as_csv], api_name="benchmark",
+              preprocess=False, **measure)
+    cancel.click(benchmark.api_cancel, [session], cancelled, api_name="cancel_benchmark", queue=False,
+                 preprocess=False)

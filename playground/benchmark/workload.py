@@ -53,6 +53,8 @@ def _objective(name: str, value) -> float | None:
 
 
 def _upload_path(upload) -> str:
+    if isinstance(upload, dict):  # an API call's file record (Gradio checked it lies in its upload cache)
+        upload = upload.get("path")
     path = Path(upload) if isinstance(upload, str) and upload else None
     if path is None or not path.is_file():
         raise Refused("choose a .jsonl file to upload (one {\"prompt\": ...} or {\"messages\": [...]} per line)")

@@ -105,10 +105,11 @@ def wire_chat_api(chat: ChatHandlers, ui: dict, session) -> None:
         status = gr.Textbox(label="status")
         send, clear, export = gr.Button("chat"), gr.Button("clear"), gr.Button("export")
     sampling = [ui["message"], *[ui[name] for name in SAMPLING]]
+    # preprocess=False: the handlers parse every raw value (Gradio's own number checks raised on text: a generic error)
     send.click(chat.api_chat, [*sampling, session], [reply, figures], api_name="chat",
-               concurrency_limit=chat.settings.max_concurrent_chats, concurrency_id="chat")
-    clear.click(chat.api_clear, [session], [status], api_name="clear")
-    export.click(chat.api_export, [session], [as_json, as_markdown], api_name="export")
+               concurrency_limit=chat.settings.max_concurrent_chats, concurrency_id="chat", preprocess=False)
+    clear.click(chat.api_clear, [session], [status], api_name="clear", preprocess=False)
+    export.click(chat.api_export, [session], [as_json, as_markdown], api_name="export", preprocess=False)
 
 
 def wire_chat(chat: ChatHandlers, charts: LiveCharts, ui: dict, session) -> None:

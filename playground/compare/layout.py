@@ -100,5 +100,7 @@ def wire_compare_tab(compare: CompareHandlers, tab: gr.Tab, ui: dict, form: list
     with gr.Group(visible=False):
         result = gr.JSON(label="comparison")
         button = gr.Button("compare")
-    button.click(compare.api_compare, [ui[name] for name in INPUTS] + [session], result, api_name="compare", **measure)
+    # preprocess=False: the handler parses every raw value (Gradio's own number checks raised on text)
+    button.click(compare.api_compare, [ui[name] for name in INPUTS] + [session], result, api_name="compare",
+                 preprocess=False, **measure)
     tab.select(compare.describe, side_inputs, resolved, queue=False, show_progress="hidden", **private)

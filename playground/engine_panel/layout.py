@@ -130,10 +130,12 @@ def wire_engine_panel_api(panel: PanelHandlers, ui: dict, form: list, extras, se
     with gr.Group(visible=False):
         status, config, engine = gr.Textbox(label="status"), gr.JSON(label="config"), gr.JSON(label="engine")
         apply, apply_preset = gr.Button("apply"), gr.Button("apply_preset")
+    # preprocess=False: the handlers parse every raw value themselves (Gradio's choice checks refused the digit
+    # strings its API description lists, and its number checks raised on text)
     apply.click(panel.api_apply, [*form, extras, session], [status, config, engine], api_name="apply",
-                concurrency_limit=1, concurrency_id="engine-load")
+                concurrency_limit=1, concurrency_id="engine-load", preprocess=False)
     apply_preset.click(panel.api_apply_preset, [ui["preset"], session], [status, config, engine],
-                       api_name="apply_preset", concurrency_limit=1, concurrency_id="engine-load")
+                       api_name="apply_preset", concurrency_limit=1, concurrency_id="engine-load", preprocess=False)
 
 
 def wire_engine_panel(panel: PanelHandlers, ui: dict, form: list, extras, session) -> None:

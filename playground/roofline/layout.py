@@ -52,5 +52,5 @@ def wire_roofline_tab(roofline: RooflineHandlers, tab: gr.Tab, ui: dict, session
     with gr.Group(visible=False):
         probe, report, button = gr.Checkbox(label="probe"), gr.JSON(label="roofline"), gr.Button("roofline")
     button.click(roofline.api_roofline, [probe, session], report, api_name="roofline", concurrency_limit=1,
-                 concurrency_id="measure")
+                 concurrency_id="measure", preprocess=False)  # the handler takes only `true` as "run the probe"
     tab.select(roofline.show, state, outputs, queue=False, show_progress="hidden", api_visibility="private")
