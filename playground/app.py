@@ -57,6 +57,7 @@ from playground.roofline.layout import TOOLTIPS as ROOFLINE_TOOLTIPS
 from playground.roofline.layout import build_roofline_tab, wire_roofline_tab
 from playground.shared.context import PlaygroundContext
 from playground.shared.errors import Refused
+from playground.shared.measurement_slot import MeasurementSlot
 from playground.shared.pool import EnginePool
 from playground.shared.settings import MIB, Settings
 
@@ -134,7 +135,8 @@ def create_playground(settings: Settings | None = None, default_model: str | Non
     default_model = default_model or next((name for name, entry in models.items() if entry.default),
                                           next(iter(models), "demo"))
     return PlaygroundContext(pool, settings, models, describe_device(), EngineConfig(model=default_model),
-                             list_presets(), kv_cap)
+                             list_presets(), kv_cap,
+                             MeasurementSlot(settings.max_measure_waiting, settings.max_measure_seconds))
 
 
 def warm_up(context: PlaygroundContext) -> threading.Thread:

@@ -64,7 +64,9 @@ class BenchmarkHandlers:
             return
         report = record.report
         cancelled = report["cancelled_requests"]
-        status = (f"run {record.number} cancelled: {report['completed']} of {report['num_prompts']} requests "
+        ended = (f"stopped at this server's cap of {self.context.settings.max_measure_seconds} s "
+                 "(PLAYGROUND_MAX_MEASURE_SECONDS)" if job.place.capped else "cancelled")
+        status = (f"run {record.number} {ended}: {report['completed']} of {report['num_prompts']} requests "
                   "finished, the figures cover those" if cancelled else
                   f"run {record.number} done: {report['completed']} requests in {report['duration']:.2f} s on "
                   f"{record.summary}")
@@ -105,9 +107,12 @@ class BenchmarkHandlers:
                                                  strict=True))})
 
     def api_benchmark(self, dataset, upload, requests, concurrency, request_rate, input_tokens, output_tokens,
-                      prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed, session) -> tuple[dict, str, str]:
-        """`/benchmark` for API clients, on this client's active configuration: (the report, with `engine.bench
-        --json`'s keys; its JSON file; the CSV of this client's runs). A refusal raises gr.Error."""
+                      prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed,
+                      session) -> Iterator[tuple[dict, str | None, str | None]]:
+        """`/benchmark` for API clients, on this client's active configuration: while it waits for the measurement
+        slot and runs, its progress (`MeasurementJob.progress`: phase, measurements ahead, requests done) and no
+        files; then (the report, with `engine.bench --json`'s keys; its JSON file; the CSV of this client's runs).
+        A refusal raises gr.Error; a client that goes away stops the run."""
         session = self.context.session_of(session)
         try:
             request = parse_workload(self.context.settings, dataset, upload, requests, concurrency, request_rate,
@@ -116,8 +121,9 @@ class BenchmarkHandlers:
             for job in self.runs.run(request, session):
                 if job.done.is_set():
                     break
+                yield job.progress(), None, None
             record = self.runs.record(request, job, session)
         except Refused as refusal:
             raise gr.Error(str(refusal), print_exception=False) from None
         as_json, as_csv = self.runs.export_files(session, record)
-        return record.report, as_json, as_csv
+        yield record.report, as_json, as_csv

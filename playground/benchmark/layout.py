@@ -2,9 +2,10 @@
 live charts, the table of percentiles, and this session's earlier runs to overlay.
 
 While a run goes, the page shows a progress bar and live charts (output tokens per second, running
-batch, KV blocks in use); Cancel bypasses the queue and ends the run cleanly. Runs share one
-concurrency slot with Compare and the roofline probe ("measure"). `/benchmark` and `/cancel_benchmark`
-serve API clients.
+batch, KV blocks in use); Cancel bypasses the queue and ends the run cleanly. Runs share the
+server's measurement slot with Compare and the roofline probe (`shared/measurement_slot.py`): while
+one waits for it the progress line says how many measurements are ahead. `/benchmark` (which
+streams the same progress until its report) and `/cancel_benchmark` serve API clients.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def build_benchmark_tab(settings: Settings, ui: dict) -> None:
                                          maximum=settings.max_bench_requests, elem_id="bench-requests")
         ui["bench_concurrency"] = gr.Number(0, label="concurrency (0 = all)", precision=0, minimum=0,
                                             maximum=settings.max_bench_concurrency, elem_id="bench-concurrency")
-        ui["bench_rate"] = gr.Number(0, label="request rate /s (0 = all at once)", minimum=0,
+        slowest = f", else at least {settings.min_bench_rate:g}" if settings.min_bench_rate else ""
+        ui["bench_rate"] = gr.Number(0, label=f"request rate /s (0 = all at once{slowest})", minimum=0,
                                      elem_id="bench-rate")
         ui["bench_seed"] = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="bench-seed")
     with gr.Row(elem_id="bench-knobs-2"):
@@ -71,7 +73,9 @@ def build_benchmark_tab(settings: Settings, ui: dict) -> None:
 def wire_benchmark_tab(benchmark: BenchmarkHandlers, ui: dict, session) -> None:
     """The tab's events; `/benchmark` and `/cancel_benchmark` for API clients."""
     private = {"api_visibility": "private"}
-    measure = dict(concurrency_limit=1, concurrency_id="measure", show_progress="hidden")
+    # Runs wait for the measurement slot inside their handler (showing their place), so the queue lets them all in.
+    measure = dict(concurrency_limit=benchmark.context.settings.max_measure_waiting + 1, concurrency_id="measure-queue",
+                   show_progress="hidden")
     knobs = [ui[name] for name in INPUTS]
     ui["bench_dataset"].change(lambda dataset: gr.File(visible=dataset == "upload"), ui["bench_dataset"],
                                ui["bench_upload"], queue=False, show_progress="hidden", **private)

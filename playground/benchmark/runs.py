@@ -75,13 +75,14 @@ class BenchmarkRuns:
         return build
 
     def run(self, request: BenchmarkRequest, session: Session) -> Iterator[MeasurementJob]:
-        """Start the run on the session's active configuration; yield its job every POLL_S until it ends.
+        """Queue the run on the session's active configuration for the measurement slot; yield its job every POLL_S
+        until it ends (waiting its turn, then running).
 
-        Closing this generator (the page went away) cancels the run and waits for its requests to end.
+        Closing this generator (the page or the API client went away) cancels the run and waits for its requests to
+        end.
         """
         state = session.benchmark
-        if state.job is not None and not state.job.done.is_set():
-            raise Refused("a benchmark is already running in this tab: wait for it or press Cancel")
+        place = self.context.measurements.take(session)  # refused while this session measures or waits already
         config = session.config
         sampling = SamplingParams(seed=request.spec.seed, ignore_eos=request.ignore_eos)
 
@@ -90,7 +91,7 @@ class BenchmarkRuns:
                                spec=request.spec, concurrency=request.concurrency, warmup=True,
                                goodput_slos=request.goodput_slos)
 
-        state.job = MeasurementJob(work)
+        state.job = MeasurementJob(work, self.context.measurements, place)
         yield from state.job.follow(POLL_S)
 
     def record(self, request: BenchmarkRequest, job: MeasurementJob, session: Session) -> BenchmarkRecord:

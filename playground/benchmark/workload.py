@@ -52,6 +52,15 @@ def _objective(name: str, value) -> float | None:
     return parse_real(f"the {name} objective (ms, 0 = none)", value, 0.0, MAX_OBJECTIVE_MS) or None
 
 
+def _rate(settings: Settings, value) -> float:
+    """Requests per second (0: all at once), at least the server's minimum (public mode) when not 0."""
+    rate = parse_real("request rate (per second, 0 = all at once)", 0.0 if value is None else value, 0.0, MAX_RATE)
+    if 0 < rate < settings.min_bench_rate:
+        raise Refused(f"request rate must be 0 (all at once) or at least {settings.min_bench_rate:g} per second on "
+                      f"this server (PLAYGROUND_MIN_BENCH_RATE), got {rate:g}", "request_rate")
+    return rate
+
+
 def _upload_path(upload) -> str:
     if isinstance(upload, dict):  # an API call's file record (Gradio checked it lies in its upload cache)
         upload = upload.get("path")
@@ -72,9 +81,7 @@ def parse_workload(settings: Settings, dataset, upload, num_requests, concurrenc
         raise Refused(f"dataset must be one of {', '.join(DATASETS)}")
     count = parse_int("requests", num_requests, 1, settings.max_bench_requests)
     in_flight = parse_int("concurrency", concurrency, 0, settings.max_bench_concurrency)
-    rate = 0.0 if request_rate is None else request_rate
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= MAX_RATE:
-        raise Refused(f"request rate must be 0 (all at once) or up to {MAX_RATE:g} per second, got {rate!r:.40}")
+    rate = _rate(settings, request_rate)
     input_len, input_range = parse_length("input tokens", input_tokens, settings.max_prompt_tokens)
     output_len, output_range = parse_length("output tokens", output_tokens, settings.max_new_tokens)
     prefix = parse_int("shared prefix", prefix_tokens or 0, 0, settings.max_prompt_tokens)

@@ -19,6 +19,7 @@ from playground.figures import live_charts
 from playground.figures.configuration import config_summary
 from playground.figures.features import features_html, unquantized_weights_bytes
 from playground.shared.context import PlaygroundContext
+from playground.shared.errors import Refused
 from playground.shared.session import Session
 
 CHART_NAMES = ("ttft_chart", "throughput", "memory_chart", "kv_blocks", "batch", "spec_chart", "features")
@@ -106,7 +107,9 @@ class LiveCharts:
             engine = entry.engine
             status = None
             try:
-                engine.perplexity(progress=lambda done, total: progress(done / total, desc="scoring held-out text"))
-            except EngineError as error:
+                with self.context.measurements.held(session):  # measuring: one measurement at a time
+                    engine.perplexity(progress=lambda done, total: progress(done / total,
+                                                                            desc="scoring held-out text"))
+            except (EngineError, Refused) as error:
                 status = f"could not be measured: {self.context.describe(error)}"
             return self._features(session, engine, engine.stats(), engine.info, status)

@@ -134,12 +134,11 @@ class Comparisons:
         return work
 
     def run(self, request: CompareRequest, session: Session) -> Iterator[MeasurementJob]:
-        """Start the comparison and yield its job every POLL_S until it ends (closing this generator cancels it)."""
-        state = session.compare
-        if state.job is not None and not state.job.done.is_set():
-            raise Refused("a comparison is already running in this tab: wait for it or press Stop")
-        state.job = MeasurementJob(self._work(request))
-        yield from state.job.follow(POLL_S)
+        """Queue the comparison for the measurement slot and yield its job every POLL_S until it ends (waiting its turn,
+        then running; closing this generator cancels it)."""
+        place = self.context.measurements.take(session)  # refused while this session measures or waits already
+        session.compare.job = MeasurementJob(self._work(request), self.context.measurements, place)
+        yield from session.compare.job.follow(POLL_S)
 
     def outcome(self, request: CompareRequest, job: MeasurementJob) -> dict:
         """The finished comparison as plain data (what `/compare` returns and the tab renders)."""

@@ -98,7 +98,9 @@ class CompareHandlers:
             yield pack(RUN_OUTPUTS, {"cmp_status": notice_html("info", "stopped before A finished: nothing to show"),
                                      "cmp_run": idle})
             return
-        status = "stopped: figures of the runs that finished" if outcome["cancelled"] else \
+        stopped = (f"stopped at this server's cap of {self.context.settings.max_measure_seconds} s "
+                   "(PLAYGROUND_MAX_MEASURE_SECONDS)" if job.place.capped else "stopped")
+        status = f"{stopped}: figures of the runs that finished" if outcome["cancelled"] else \
             f"done in {job.seconds:.1f} s"
         yield pack(RUN_OUTPUTS, {
             "cmp_status": notice_html("info" if outcome["cancelled"] else "ok", status),
@@ -112,8 +114,10 @@ class CompareHandlers:
         self.comparisons.stop(session)
 
     def api_compare(self, a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k,
-                    seed, repeats, baseline, perplexity, session) -> dict:
-        """`/compare` for API clients: the finished comparison as plain data; a refusal raises gr.Error.
+                    seed, repeats, baseline, perplexity, session) -> Iterator[dict]:
+        """`/compare` for API clients: its progress while it waits for the measurement slot and runs
+        (`MeasurementJob.progress`: phase, measurements ahead, requests done), then the finished comparison as plain
+        data; a refusal raises gr.Error, and a client that goes away stops it.
 
         "engine panel" is this client's active configuration (the one `/apply` loaded, else the default).
         """
@@ -124,10 +128,11 @@ class CompareHandlers:
             for job in self.comparisons.run(request, session):
                 if job.done.is_set():
                     break
+                yield job.progress()
             outcome = self.comparisons.outcome(request, job)
         except Refused as refusal:
             raise gr.Error(str(refusal), print_exception=False) from None
-        return outcome
+        yield outcome
 
     # ----- chat with both ----------------------------------------------------------------------
 

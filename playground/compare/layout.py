@@ -2,10 +2,11 @@
 prompts and sampling both share, Run and Stop, the table, the overlaid charts, both outputs, and "chat
 with both".
 
-Every control has an element id (`cmp-...`) that the glossary names for its tooltip. Events that
-measure share one concurrency slot with the Benchmark and Roofline tabs ("measure"), so two
-measurements never run at once on this server; Stop bypasses the queue. `/compare` serves API clients
-the comparison as plain data (the same dict the tab renders).
+Every control has an element id (`cmp-...`) that the glossary names for its tooltip. A comparison
+takes the server's measurement slot (`shared/measurement_slot.py`), shared with the Benchmark and
+Roofline tabs, so two measurements never run at once on this server, and shows its place while it
+waits; Stop bypasses the queue. `/compare` serves API clients its progress, then the comparison as
+plain data (the same dict the tab renders).
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def wire_compare_tab(compare: CompareHandlers, tab: gr.Tab, ui: dict, form: list
     """The tab's events (each takes the engine panel's values `form` and `extras` after its own controls),
     `/compare` for API clients, and the sides' lines brought up to date whenever the tab is opened."""
     private = {"api_visibility": "private"}
-    measure = dict(concurrency_limit=1, concurrency_id="measure", show_progress="hidden")
+    # Comparisons wait for the measurement slot inside their handler (showing their place), so the queue lets them in.
+    measure = dict(concurrency_limit=compare.context.settings.max_measure_waiting + 1,
+                   concurrency_id="measure-queue", show_progress="hidden")
     inputs = [ui[name] for name in INPUTS] + form + [extras, session]
     side_inputs = [ui[name] for name in SIDE_INPUTS] + form + [extras, session]
     resolved = [ui["cmp_a_resolved"], ui["cmp_b_resolved"], ui["cmp_baseline_resolved"]]

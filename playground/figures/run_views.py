@@ -62,6 +62,10 @@ def progress_html(job: MeasurementJob, what: str, steps_done: int = 0, steps_tot
     if job.phase == "running" and job.requests_total:
         detail = f"{job.label}: {job.requests_done} of {job.requests_total} requests done"
         fraction = job.requests_done / job.requests_total
+    elif job.phase == "queued":
+        detail = (f"waiting for this server's measurement slot: {job.ahead} measurement(s) ahead of it (one runs at a "
+                  "time)" if job.ahead else "starting")
+        fraction = 0.0
     else:
         phase = {"loading": "loading its engine", "sizing": "sizing its engine", "waiting": "waiting for its engine"}
         detail = f"{job.label}: {phase.get(job.phase, job.phase)}" if job.label else "starting"
@@ -69,7 +73,7 @@ def progress_html(job: MeasurementJob, what: str, steps_done: int = 0, steps_tot
     if steps_total:
         fraction = (steps_done + fraction) / steps_total
         detail += f" · run {min(steps_done + 1, steps_total)} of {steps_total}"
-    state = "cancelling…" if job.cancel.is_set() else f"{what} running"
+    state = "cancelling…" if job.cancel.is_set() else f"{what} {'queued' if job.phase == 'queued' else 'running'}"
     return (f'<div class="run-progress"><div class="run-progress-title">{html.escape(state)} · '
             f'{now - job.started:.1f} s</div><div class="progress-track"><span class="progress-fill" '
             f'style="width:{fraction * 100:.0f}%"></span></div><div class="progress-detail">{html.escape(detail)}'

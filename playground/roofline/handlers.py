@@ -75,13 +75,17 @@ class RooflineHandlers:
                                                 "Apply, send a chat message, or Run probe.")
             engine = entry.engine
             if refresh:
-                device_ceilings(engine.info.device, engine.info.dtype, refresh=True)
+                try:
+                    with self.context.measurements.held(session):  # measuring: one measurement at a time
+                        device_ceilings(engine.info.device, engine.info.dtype, refresh=True)
+                except Refused as refusal:
+                    return RooflineView.unavailable(f"The ceilings could not be measured: {refusal}")
             return roofline_view(engine, self._since(window, probe_started), config_summary(session.config,
                                                                                             engine.info))
 
     def _probe(self, session) -> tuple[RooflineView, float]:
         try:
-            with self.context.pool.lease(session.config) as entry:
+            with self.context.measurements.held(session), self.context.pool.lease(session.config) as entry:
                 started = run_probe(entry.engine)
                 title = config_summary(session.config, entry.engine.info)
                 return roofline_view(entry.engine, started, title), started

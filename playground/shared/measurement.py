@@ -2,11 +2,13 @@
 runs the bench's own measurement (`engine.measure_engine`) on them, one at a time.
 
 Why a module: Compare and Benchmark both need the same life around a measurement. It runs in a
-thread so the page can poll it (phase, requests done, the engine's steps so far for live charts);
-it holds one engine at a time, so each configuration is timed alone and the pool's memory budget
-applies as it does for chat; Cancel stops it cleanly (nothing more is sent, requests in flight are
-cancelled, and the job ends only once every request it sent has finished). A page that goes away
-cancels its job the same way (`MeasurementJob.stop`).
+thread so the page can poll it (its place in the queue for the server's measurement slot, phase,
+requests done, the engine's steps so far for live charts); it measures only once its place holds
+the slot (`measurement_slot.py`), and gives the place back when it ends; it holds one engine at a
+time, so each configuration is timed alone and the pool's memory budget applies as it does for
+chat; Cancel, and the slot's time cap, stop it cleanly (nothing more is sent, requests in flight
+are cancelled, and the job ends only once every request it sent has finished). A page or an API
+client that goes away cancels its job the same way (`MeasurementJob.stop`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from engine import (
     WorkloadSpec,
     measure_engine,
 )
+from playground.shared.errors import Refused
+from playground.shared.measurement_slot import MeasurementSlot, Place
 from playground.shared.pool import EnginePool
 
 STOP_WAIT_S = 60.0
+TURN_POLL_S = 0.2
 
 
 @dataclass
@@ -51,12 +56,16 @@ class MeasuredRun:
 
 
 class MeasurementJob:
-    """Runs `work(job)` in a background thread; the page reads its progress and the finished result."""
+    """Runs `work(job)` in a background thread once `place` holds the slot; the page reads its progress and the
+    finished result."""
 
-    def __init__(self, work: Callable[[MeasurementJob], object]):
-        self.cancel = threading.Event()
+    def __init__(self, work: Callable[[MeasurementJob], object], slot: MeasurementSlot, place: Place):
+        self.cancel = place.cancel
         self.done = threading.Event()
         self.phase = "queued"
+        self.ahead = slot.ahead(place)  # measurements before this one, while it is queued
+        self.place = place
+        self._slot = slot
         self.label = ""
         self.requests_done = 0
         self.requests_total = 0
@@ -64,7 +73,7 @@ class MeasurementJob:
         self.finished: float | None = None
         self.run_started: float | None = None
         self.engine = None  # the engine being measured, while it is
-        self.started = time.perf_counter()
+        self.started = time.perf_counter()  # when it was queued, then when its turn came
         self.result = None
         self.error: BaseException | None = None
         self._steps: list[StepRecord] = []
@@ -75,11 +84,17 @@ class MeasurementJob:
 
     def _run(self, work: Callable[[MeasurementJob], object]) -> None:
         try:
+            while not self._slot.wait_turn(self.place, TURN_POLL_S):
+                self.ahead = self._slot.ahead(self.place)
+                if self.cancel.is_set():
+                    raise Refused("stopped before its turn came")
+            self.ahead, self.started = 0, time.perf_counter()
             self.result = work(self)
         except BaseException as error:  # shown on the page; the pool and the engine already cleaned up
             self.error = error
         finally:
             self.engine, self.finished = None, time.perf_counter()
+            self._slot.release(self.place)
             self.done.set()
 
     @property
@@ -107,6 +122,13 @@ class MeasurementJob:
         self.done.wait(STOP_WAIT_S)
 
     # ----- progress ----------------------------------------------------------------------------
+
+    def progress(self) -> dict:
+        """Where the job is, as plain data (what an API client sees while it waits): its phase, the measurements
+        ahead of it while queued, the current run's requests, and the seconds since it was queued or started."""
+        return {"phase": self.phase, "ahead": self.ahead, "run": self.label, "requests_done": self.requests_done,
+                "requests_total": self.requests_total, "seconds": round(self.seconds, 1),
+                "stopping": self.cancel.is_set()}
 
     def _count(self, _index: int, _output: RequestOutput) -> None:
         with self._lock:

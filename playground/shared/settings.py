@@ -3,8 +3,9 @@
 Why: a public server (a Hugging Face Space, or any bind address other than loopback) is reached by
 many people at once, by odd input and by people probing it. Public mode therefore loads only the
 curated models unless told otherwise, caps every memory-sizing field of a configuration, caps
-messages, conversations, tokens, the queue and the size of Benchmark and Compare runs (requests,
-concurrency, tokens in all), and never echoes server paths in errors. Everywhere, request bodies and the time to send them are bounded, and the tokens
+messages, conversations, tokens, the queue and the size and duration of Benchmark and Compare runs
+(requests, concurrency, tokens in all, request rate, wall-clock time), and never echoes server
+paths in errors. Everywhere, request bodies and the time to send them are bounded, and the tokens
 one client may have in flight are a share of the server's. On a laptop bound to 127.0.0.1, any
 local folder or hub id may be loaded. Remote code is never trusted, whatever the
 settings: the engine only reads config.json, tokenizer files and safetensors weights.
@@ -38,7 +39,7 @@ def _int_env(env: dict, name: str, default: int | None, minimum: int = 1) -> int
     return value
 
 
-def _float_env(env: dict, name: str, default: float | None) -> float | None:
+def _float_env(env: dict, name: str, default: float | None, zero_allowed: bool = False) -> float | None:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -46,8 +47,8 @@ def _float_env(env: dict, name: str, default: float | None) -> float | None:
         value = float(raw)
     except ValueError as exc:
         raise ValueError(f"{name} must be a number, got {raw!r}") from exc
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number > 0, got {raw!r}")
+    if not (value >= 0 if zero_allowed else value > 0) or value == float("inf"):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_allowed else '>'} 0, got {raw!r}")
     return value
 
 
@@ -72,7 +73,9 @@ class Settings:
     are None where a field is not capped (the engine's own validation still applies); in public
     mode each has a default. The `max_bench_*` caps bound one Benchmark or Compare run: its
     requests, its requests in flight, and prompt + output tokens over all its requests (each request
-    is also held to `max_prompt_tokens` and `max_new_tokens`).
+    is also held to `max_prompt_tokens` and `max_new_tokens`); in public mode a run's request rate is
+    at least `min_bench_rate` per second and it is stopped after `max_measure_seconds` (None: no cap).
+    One measurement runs at a time, and at most `max_measure_waiting` sessions wait for it.
 
     Every HTTP request's body is at most `max_body_bytes` (413 beyond), its headers must arrive within
     `header_timeout_s` and its body within `body_timeout_s`. The text of one API request (its
@@ -98,6 +101,9 @@ class Settings:
     max_bench_requests: int = 1024
     max_bench_concurrency: int = 256
     max_bench_tokens: int = 4_000_000
+    min_bench_rate: float = 0.0
+    max_measure_seconds: int | None = None
+    max_measure_waiting: int = 8
     max_body_bytes: int = 16 * MIB
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
@@ -166,6 +172,10 @@ class Settings:
             max_bench_requests=_int_env(env, "PLAYGROUND_MAX_BENCH_REQUESTS", 64 if public else 1024),
             max_bench_concurrency=_int_env(env, "PLAYGROUND_MAX_BENCH_CONCURRENCY", 16 if public else 256),
             max_bench_tokens=_int_env(env, "PLAYGROUND_MAX_BENCH_TOKENS", 65_536 if public else 4_000_000),
+            min_bench_rate=_float_env(env, "PLAYGROUND_MIN_BENCH_RATE", 1.0 if public else 0.0, zero_allowed=True),
+            max_measure_seconds=_int_env(env, "PLAYGROUND_MAX_MEASURE_SECONDS", 120 if public else 0, minimum=0)
+            or None,
+            max_measure_waiting=_int_env(env, "PLAYGROUND_MAX_MEASURE_WAITING", 8),
             max_body_bytes=_int_env(env, "PLAYGROUND_MAX_BODY_MIB", 4 if public else 16) * MIB,
             header_timeout_s=_float_env(env, "PLAYGROUND_HEADER_TIMEOUT_S", 10.0),
             body_timeout_s=_float_env(env, "PLAYGROUND_BODY_TIMEOUT_S", 30.0),

@@ -45,11 +45,11 @@ def start_app(model: str, settings, models: dict | None = None):
 
 @contextmanager
 def serving(tmp_path_factory, settings) -> Iterator[SimpleNamespace]:
-    """The real app on the picked model with `settings`, as (app, url, model); closed afterwards."""
+    """The real app on the picked model with `settings`, as (app, demo, url, model); closed afterwards."""
     model = pick_model(tmp_path_factory)
     app, demo, url = start_app(model, settings)
     try:
-        yield SimpleNamespace(app=app, url=url, model=model)
+        yield SimpleNamespace(app=app, demo=demo, url=url, model=model)
     finally:
         demo.close()
         app.pool.close()

@@ -18,7 +18,7 @@ from playground.compare.request import parse_changes
 from playground.engine_panel.form import FORM_FIELDS
 from playground.engine_panel.layout import TOOLTIPS as PANEL_TOOLTIPS
 from playground.figures.run_charts import RUN_BATCH, RUN_KV, RUN_THROUGHPUT, Timeline, run_charts_html, run_series
-from playground.figures.run_views import ratio_html
+from playground.figures.run_views import progress_html, ratio_html
 from playground.glossary.terms import ENTRIES, element_tooltips, tooltip
 from playground.shared.errors import Refused
 
@@ -44,6 +44,14 @@ def test_token_differences_name_the_first_differing_token():
     assert token_differences(["a", "b"], ["a", "b"]) == {"identical": True, "first_difference": None}
     assert token_differences(["a", "b", "c"], ["a", "x", "c"]) == {"identical": False, "first_difference": 1}
     assert token_differences(["a", "b"], ["a", "b", "c"]) == {"identical": False, "first_difference": 2}
+
+
+def test_a_queued_measurement_shows_its_place():
+    job = SimpleNamespace(phase="queued", ahead=2, requests_total=0, label="", started=0.0,
+                          cancel=SimpleNamespace(is_set=lambda: False))
+    line = progress_html(job, "benchmark")
+    assert "benchmark queued" in line and "2 measurement(s) ahead of it" in line
+    assert "ahead" not in progress_html(SimpleNamespace(**{**vars(job), "ahead": 0}), "benchmark")
 
 
 def test_a_ratio_is_coloured_by_which_way_is_better():

@@ -62,6 +62,19 @@ def test_bodies_conversations_and_tokens_in_flight_are_bounded():
         Settings.from_env([], env={"PLAYGROUND_BODY_TIMEOUT_S": "0"})
 
 
+def test_measurements_are_bounded_in_public_mode():
+    public = Settings.from_env(["demo"], env={"PLAYGROUND_PUBLIC": "1"})
+    assert (public.min_bench_rate, public.max_measure_seconds, public.max_measure_waiting) == (1.0, 120, 8)
+    laptop = Settings.from_env(["demo"], env={})
+    assert (laptop.min_bench_rate, laptop.max_measure_seconds) == (0.0, None)
+    settings = Settings.from_env(["demo"], env={"PLAYGROUND_PUBLIC": "1", "PLAYGROUND_MIN_BENCH_RATE": "0.5",
+                                                "PLAYGROUND_MAX_MEASURE_SECONDS": "0",
+                                                "PLAYGROUND_MAX_MEASURE_WAITING": "3"})
+    assert (settings.min_bench_rate, settings.max_measure_seconds, settings.max_measure_waiting) == (0.5, None, 3)
+    with pytest.raises(ValueError, match="PLAYGROUND_MIN_BENCH_RATE"):
+        Settings.from_env([], env={"PLAYGROUND_MIN_BENCH_RATE": "-1"})
+
+
 def test_public_errors_do_not_echo_server_paths():
     error = RequestError("cannot read the model config in /srv/secret/models/x: no config.json")
     assert describe_error(error, public=True) == "cannot read the model config in x: no config.json"
