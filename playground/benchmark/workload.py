@@ -7,11 +7,13 @@ here, with one clear message naming the knob or the cap, before anything is sent
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine import WorkloadSpec
+from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.errors import Refused
 from playground.shared.settings import Settings
 from playground.shared.values import parse_int, parse_real
@@ -61,7 +63,9 @@ def _rate(settings: Settings, value) -> float:
     return rate
 
 
-def _upload_path(upload) -> str:
+def _upload_path(settings: Settings, upload) -> str:
+    """The uploaded .jsonl, each of its prompts held to what the OpenAI routes take (text, or messages with their
+    roles and sizes)."""
     if isinstance(upload, dict):  # an API call's file record (Gradio checked it lies in its upload cache)
         upload = upload.get("path")
     path = Path(upload) if isinstance(upload, str) and upload else None
@@ -71,6 +75,25 @@ def _upload_path(upload) -> str:
         raise Refused("the uploaded prompts must be a .jsonl file")
     if path.stat().st_size > MAX_UPLOAD_BYTES:
         raise Refused(f"the uploaded file is over {MAX_UPLOAD_BYTES // 1024} KiB")
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):
+            raise Refused(f"line {number} of the uploaded file is not JSON") from None
+        prompt = item.get("prompt") if isinstance(item, dict) else None
+        if isinstance(prompt, str) and len(prompt) <= settings.max_message_chars:
+            continue
+        if not isinstance(item, dict) or "messages" not in item:
+            raise Refused(f"line {number} of the uploaded file needs 'prompt' (text of at most "
+                          f"{settings.max_message_chars:,} characters) or 'messages'")
+        try:
+            parse_messages(item["messages"], MAX_MESSAGES, settings.max_message_chars,
+                           settings.max_conversation_chars)
+        except Refused as refusal:
+            raise Refused(f"line {number} of the uploaded file: {refusal}") from None
     return str(path)
 
 
@@ -96,7 +119,7 @@ def parse_workload(settings: Settings, dataset, upload, num_requests, concurrenc
                       f"{settings.max_bench_tokens:,} (PLAYGROUND_MAX_BENCH_TOKENS)")
     slos = {name: limit for name, limit in (("ttft", _objective("TTFT", slo_ttft_ms)),
                                             ("tpot", _objective("TPOT", slo_tpot_ms))) if limit}
-    spec = WorkloadSpec(dataset=_upload_path(upload) if dataset == "upload" else dataset, num_prompts=count,
+    spec = WorkloadSpec(dataset=_upload_path(settings, upload) if dataset == "upload" else dataset, num_prompts=count,
                         input_len=input_len if not input_range else input_range[0], input_len_range=input_range,
                         output_len=output_len, output_len_range=output_range,
                         prefix_len=prefix if dataset == "random" else 0,

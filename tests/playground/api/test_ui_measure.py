@@ -233,6 +233,12 @@ def test_benchmark_runs_an_uploaded_jsonl(running_app, tmp_path):
     assert report["workload"]["dataset"].endswith(".jsonl")
     with pytest.raises(AppError, match="jsonl"):
         benchmark(api, dataset="upload", upload=None)
+    for line, message in (({"messages": [{"role": "wizard", "content": "hi"}]}, "line 1 .* role among"),
+                          ({"messages": [{"role": "user", "content": 5}]}, "content must be text"),
+                          ({"prompt": "x" * 2001}, "at most 2,000 characters")):  # as /v1 refuses them
+        prompts.write_text(json.dumps(line) + "\n")
+        with pytest.raises(AppError, match=message):
+            benchmark(api, dataset="upload", upload=handle_file(str(prompts)), requests=1)
 
 
 def test_cancel_stops_the_benchmark_cleanly_and_leaves_no_request_running(running_app):
