@@ -90,7 +90,8 @@ class ChatHandlers:
             with self.context.pool.lease(session.config) as entry:
                 engine = entry.engine
                 exchange.config = config_tag(session.config, engine.info)
-                fitted = fit_exchange(engine, conversation, index, params.max_tokens, self.settings.max_prompt_tokens)
+                fitted = fit_exchange(engine, conversation, index, params.max_tokens, self.settings.max_prompt_tokens,
+                                      self.settings.max_conversation_chars)
                 exchange.dropped_turns = fitted.dropped_turns
                 stream = engine.stream(fitted.token_ids, params)
                 started = True

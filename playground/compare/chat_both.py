@@ -32,8 +32,9 @@ class ChatWithBoth:
         speculative = config.speculative != "off"
         with self.context.pool.lease(config) as entry:
             engine = entry.engine
+            settings = self.context.settings
             fitted = fit_exchange(engine, conversation, len(conversation.exchanges) - 1, params.max_tokens,
-                                  self.context.settings.max_prompt_tokens)
+                                  settings.max_prompt_tokens, settings.max_conversation_chars)
             exchange.dropped_turns = fitted.dropped_turns
             exchange.config = f"{label} · {config_summary(config, engine.info)}"
             stream = engine.stream(fitted.token_ids, params)

@@ -154,18 +154,32 @@ class FittedPrompt:
     reply_room: int  # tokens left for the reply before the context is full
 
 
+def _newest_within(pairs: list[tuple[str, str]], characters: int) -> int:
+    """How many of the oldest turns to leave out so that the rest have at most `characters` characters."""
+    first, total = len(pairs), 0
+    for index in range(len(pairs) - 1, -1, -1):
+        total += len(pairs[index][0]) + len(pairs[index][1])
+        if total > characters:
+            break
+        first = index
+    return first
+
+
 def fit_prompt(encode: Callable[[list[dict] | str], list[int]], has_chat_template: bool, system_prompt: str,
                pairs: list[tuple[str, str]], user: str, max_model_len: int, max_tokens: int,
-               max_prompt_tokens: int) -> FittedPrompt:
+               max_prompt_tokens: int, max_chars: int | None = None) -> FittedPrompt:
     """Encode the newest prompt that fits, dropping the oldest turns first.
 
     The prompt fits when it leaves `max_tokens` for the reply inside `max_model_len` and stays within
     the server's `max_prompt_tokens`. The system prompt and the newest message are always kept; if
     they alone leave less room than `max_tokens`, the reply gets what is left (it ends at the
-    context length). Encoding is done by the engine (`encode`), once per candidate, O(log turns)
-    times; the chosen ids go to the engine as they are.
+    context length). With `max_chars`, turns beyond that many characters of conversation are left out
+    before anything is encoded (a kept history can be far longer than any prompt). Encoding is done by
+    the engine (`encode`), once per candidate, O(log turns) times; the chosen ids go to the engine as
+    they are.
     """
     budget = min(max_prompt_tokens, max_model_len - max_tokens)
+    fewest = 0 if max_chars is None else _newest_within(pairs, max_chars - len(system_prompt) - len(user))
 
     def attempt(dropped: int) -> list[int] | None:
         try:
@@ -174,7 +188,7 @@ def fit_prompt(encode: Callable[[list[dict] | str], list[int]], has_chat_templat
             return None
         return ids if len(ids) <= budget else None
 
-    low, high, best = 0, len(pairs), None
+    low, high, best = fewest, len(pairs), None
     while low <= high:  # the fewest dropped turns that fit: fitting is monotone in the number dropped
         middle = (low + high) // 2
         ids = attempt(middle)
@@ -192,14 +206,15 @@ def fit_prompt(encode: Callable[[list[dict] | str], list[int]], has_chat_templat
     return FittedPrompt(token_ids=ids, dropped_turns=dropped, reply_room=max_model_len - len(ids))
 
 
-def fit_exchange(engine, conversation: Conversation, index: int, max_tokens: int,
-                 max_prompt_tokens: int) -> FittedPrompt:
-    """Exchange `index`'s prompt (with as much history as fits) as token ids for `engine`; Refused if it
-    cannot fit. The chat and Compare's "chat with both" fit their conversations this way."""
+def fit_exchange(engine, conversation: Conversation, index: int, max_tokens: int, max_prompt_tokens: int,
+                 max_chars: int) -> FittedPrompt:
+    """Exchange `index`'s prompt (with as much history as fits, at most `max_chars` characters of it) as token
+    ids for `engine`; Refused if it cannot fit. The chat and Compare's "chat with both" fit their
+    conversations this way."""
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise Refused("this model has no tokenizer, so it cannot chat (its engine still serves token-id "
                       "prompts through the API)")
     return fit_prompt(engine.encode, bool(getattr(tokenizer, "chat_template", None)), conversation.system_prompt,
                       conversation.history_pairs(before=index), conversation.exchanges[index].user,
-                      engine.info.max_model_len, max_tokens, max_prompt_tokens)
+                      engine.info.max_model_len, max_tokens, max_prompt_tokens, max_chars)

@@ -39,6 +39,20 @@ def test_history_is_trimmed_to_the_loaded_engines_context_minus_the_reply_budget
     assert chosen[-1]["content"] == "the newest question"
 
 
+def test_a_long_history_is_cut_in_characters_before_anything_is_encoded():
+    """A session keeps up to 100 turns of up to PLAYGROUND_MAX_MESSAGE_CHARS each: far more text than any prompt.
+    Turns beyond max_chars characters are left out before encoding, so no encoding sees more than that."""
+    pairs = [("question " + "word " * 400, "answer " + "word " * 400) for _ in range(100)]  # ~4,000 characters each
+    calls = []
+    fitted = fit_prompt(word_encoder(calls), True, "be brief", pairs, "the newest question", max_model_len=100,
+                        max_tokens=40, max_prompt_tokens=4096, max_chars=10_000)
+    assert fitted.dropped_turns == 100 and calls
+    assert max(sum(len(m["content"]) for m in prompt) for prompt in calls) <= 10_000
+    kept = fit_prompt(word_encoder([]), True, "", [("a", "b")] * 3, "new", max_model_len=100, max_tokens=8,
+                      max_prompt_tokens=4096, max_chars=5)  # "new" + one turn of 2 characters fit in 5
+    assert kept.dropped_turns == 2
+
+
 def test_the_newest_turn_is_kept_even_when_it_leaves_less_room_than_max_tokens():
     fitted = fit_prompt(word_encoder([]), True, "", [("old " * 10, "reply " * 10)], "new " * 50,
                         max_model_len=100, max_tokens=80, max_prompt_tokens=4096)
