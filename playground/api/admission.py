@@ -3,11 +3,12 @@ client.
 
 Why: one call can ask for many sequences (a completion of 16 prompts of 256 tokens each), so counting calls let one
 client queue hundreds of sequences ahead of everyone else. A call holds `prompts x max_tokens` tokens from before it
-is tokenised until it ends (finished, failed, or its client gone); a call that would take the server's tokens past
-PLAYGROUND_MAX_TOKENS_IN_FLIGHT, or its client's past PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT, or the calls past
-PLAYGROUND_MAX_CONCURRENT_CHATS + PLAYGROUND_MAX_QUEUE, gets 429 and costs nothing. A client is its address; behind
-a proxy, the last address of the header the proxy sets (PLAYGROUND_CLIENT_ADDRESS_HEADER, `x-forwarded-for` on a
-Space), since that is the one the proxy itself saw.
+is tokenised until it ends (finished, failed, or its client gone); a call that would take the calls past
+PLAYGROUND_MAX_CONCURRENT_CHATS + PLAYGROUND_MAX_QUEUE, the server's tokens past PLAYGROUND_MAX_TOKENS_IN_FLIGHT,
+its client's tokens past PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT or its client's calls past a quarter of the calls
+(CLIENT_CALL_SHARE) gets 429 and costs nothing, so one client alone cannot fill the bounds. A client is its address;
+behind a proxy, the last address of the header the proxy sets (PLAYGROUND_CLIENT_ADDRESS_HEADER, `x-forwarded-for`
+on a Space), since that is the one the proxy itself saw.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from playground.api.errors import APIError
+
+CLIENT_CALL_SHARE = 4  # one client may have this fraction (1/4) of the calls in flight
 
 
 def client_address(request, header: str | None) -> str:
@@ -41,7 +44,9 @@ class Admission:
 
     def __init__(self, max_calls: int, max_tokens: int, max_client_tokens: int):
         self.max_calls, self.max_tokens, self.max_client_tokens = max_calls, max_tokens, max_client_tokens
+        self.max_client_calls = max(1, max_calls // CLIENT_CALL_SHARE)
         self._calls = 0
+        self._client_calls: Counter[str] = Counter()
         self._tokens: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -64,16 +69,21 @@ class Admission:
                                  f"over the {self.max_client_tokens:,} one client may have "
                                  "(PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT, prompts x max_tokens); retry once some "
                                  "have finished")
+            if self._client_calls[client] >= self.max_client_calls:
+                raise self._busy(f"you have {self._client_calls[client]} requests in flight, the most one client may "
+                                 "have here (a quarter of the server's); retry once some have finished")
             self._calls += 1
+            self._client_calls[client] += 1
             self._tokens[client] += tokens
             return Ticket(client, tokens)
 
     def leave(self, ticket: Ticket) -> None:
         with self._lock:
             self._calls -= 1
+            self._client_calls[ticket.client] -= 1
             self._tokens[ticket.client] -= ticket.tokens
-            if not self._tokens[ticket.client]:
-                del self._tokens[ticket.client]
+            if not self._client_calls[ticket.client]:
+                del self._client_calls[ticket.client], self._tokens[ticket.client]
 
     def in_flight(self) -> tuple[int, int]:
         """(calls, tokens) in flight now."""

@@ -7,7 +7,9 @@ bytes to hold a connection open. `BodyLimits` (ASGI middleware) reads each body 
 `max_bytes` is refused with 413 before a byte of it is read, a body that grows past it is refused as soon as it
 does, and one that does not arrive within `timeout_s` gets 408; the handler then gets the body as it arrived. The
 headers are the HTTP server's to read: `bounded_protocol` is uvicorn's HTTP protocol with a timer that closes a
-connection whose request line and headers do not arrive within their timeout. Refusals close the connection.
+connection whose request line and headers do not arrive within their timeout. After a refusal the rest of the body
+is discarded as it arrives for LINGER_S, then the connection is closed: closed at once, with the client still
+sending, the connection was reset and the client often lost the answer.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import anyio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+LINGER_S = 2.0
+
 
 async def _refuse(send, status: int, message: str) -> None:
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": "request_too_large" if status == 413 else "request_timeout"}}).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -87,10 +90,12 @@ class BodyLimits:
 
 
 def bounded_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing any connection whose next request's headers take over `header_timeout_s`."""
+    """uvicorn's h11 protocol, closing any connection whose next request's headers take over `header_timeout_s`, and
+    any whose refused body is still arriving LINGER_S after the refusal (uvicorn discards it meanwhile)."""
 
     class HeaderTimeoutProtocol(H11Protocol):
         _headers_due = None
+        _linger = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -103,10 +108,15 @@ def bounded_protocol(header_timeout_s: float) -> type[H11Protocol]:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._expect_headers()  # of the next request on this connection
+            if self.conn.their_state is h11.SEND_BODY:  # answered before its body was in: a refusal
+                self._linger = self._linger or self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self._expect_headers()  # of the next request on this connection
 
         def connection_lost(self, exc) -> None:
             self._stop_waiting()
+            if self._linger is not None:
+                self._linger.cancel()
             super().connection_lost(exc)
 
         def _expect_headers(self) -> None:

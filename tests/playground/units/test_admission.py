@@ -29,14 +29,19 @@ def test_tokens_in_flight_are_bounded_overall_and_per_client():
     assert never.value.status == 400 and never.value.param == "max_tokens"
 
 
-def test_calls_in_flight_are_bounded():
-    admission = Admission(max_calls=2, max_tokens=1000, max_client_tokens=1000)
-    first = admission.admit("a", 1)
-    admission.admit("b", 1)
-    with pytest.raises(APIError, match="2 requests in flight"):
-        admission.admit("c", 1)
-    admission.leave(first)
-    admission.admit("c", 1)
+def test_calls_in_flight_are_bounded_overall_and_per_client():
+    admission = Admission(max_calls=8, max_tokens=1000, max_client_tokens=1000)
+    mine = [admission.admit("a", 1), admission.admit("a", 1)]
+    with pytest.raises(APIError, match="the most one client may have"):
+        admission.admit("a", 1)  # a quarter of the 8 calls
+    others = [admission.admit(client, 1) for client in "bcdefg"]
+    with pytest.raises(APIError, match="8 requests in flight"):
+        admission.admit("h", 1)
+    admission.leave(mine[0])
+    admission.admit("a", 1)
+    for ticket in others:
+        admission.leave(ticket)
+    assert admission.in_flight() == (2, 2)
 
 
 def test_a_client_is_its_address_or_the_address_its_proxy_saw():
