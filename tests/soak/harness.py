@@ -1,18 +1,23 @@
 """Soak: many clients at once against the running playground, with hang-ups, poison and a configuration change.
 
 Why: a public Space is used by many people at once, by odd input and by people probing it, and one
-caller must never cost another anything (issue 11). This drives the app only through its public
-APIs, as its users do: the OpenAI-compatible routes over raw HTTP (so that a client can hang up in
-the middle of a stream, and a body can carry what no well-behaved client sends, such as NaN) and
-`gradio_client` for the page's own `/apply_preset` and `/chat`. Half-way through, the traffic moves
-to another engine configuration while the first one is still streaming, with more configurations in
-use than the pool may keep (public mode keeps two), so engines load and are evicted under load.
+caller must never cost another anything (issues 11 and 39). This drives the app only through its
+public APIs, as its users do: the OpenAI-compatible routes over raw HTTP (so that a client can hang
+up in the middle of a stream, and a body can carry what no well-behaved client sends, such as NaN)
+and `gradio_client` for the page's own `/apply_preset` and `/chat`; each client is its own loopback
+address. Half-way through a round, the traffic moves to another engine configuration while the
+first one is still streaming, with more configurations in use than the pool may keep (public mode
+keeps two), so engines load and are evicted under load.
 
-Afterwards it checks, from inside the server's process: every well-formed request finished with a
-correct reason and token count, every poisoned one got exactly one clear 4xx error (no traceback,
-no server path), no well-formed request failed, every engine is idle with all its KV blocks free,
-no request thread, engine thread or worker process is left over, and RSS grew by no more than the
-engines the pool loaded meanwhile (plus a bound).
+Three rounds of the same shape: a warm-up, a calm round, and a round during which an attacker tries
+everything in `attacks.py` at once (huge conversations and bodies, an abandoned slow benchmark
+holding the measurement slot, non-streaming hang-ups, typed special tokens). Afterwards it checks,
+from inside the server's process: every well-formed request finished with a correct reason and
+token count, every poisoned one got exactly one clear 4xx error naming its field (no traceback, no
+server path), no request got a 5xx, every attack got its answer, the visitors' p99 latency during
+the attack stayed within ATTACKED_P99_RATIO of the calm round's, every engine is idle with all its
+KV blocks free, the measurement slot is free, no request thread, engine thread or worker process is
+left over, and RSS grew by no more than the engines the pool loaded meanwhile (plus a bound).
 
 `python -m tests.soak` runs the full load (200 requests from 16 clients) and prints the report;
 `tests/soak/test_soak.py` runs a short one in `make test`.
@@ -38,17 +43,23 @@ from pathlib import Path
 import psutil
 
 from engine.testing import EngineProbe
+from tests.soak.attacks import Attacks, run_attacks
+from tests.soak.outcome import NO_FIELD, Outcome, refusal_problem
 from tests.support.paths import PROJECT_ROOT
 
 MIB = 2**20
 ROOT = PROJECT_ROOT
 # Half-way through a round the traffic and the Gradio sessions move from one preset to the next (None: the
-# default configuration); the warm-up round makes the first move, the measured round the second.
-SWITCHES = ((None, "no-prefix-cache"), ("no-prefix-cache", "prefix-cache"))
+# default configuration): the warm-up round, the calm round and the attacked round each make one move.
+SWITCHES = ((None, "no-prefix-cache"), ("no-prefix-cache", "prefix-cache"), ("prefix-cache", "no-prefix-cache"))
+ATTACKED_P99_RATIO = 3.0        # the visitors' p99 latency under attack, at most this times the calm round's
+EVERY_ATTACK = Attacks()
+ATTACKER_ADDRESS = "127.0.1.1"  # the visitors are 127.0.0.10, .11, ...
 ALSO_USED = "static"            # another configuration in use throughout (the pool keeps two in public mode)
 RSS_SLACK_MIB = 256             # RSS beside the KV pools may grow by the engines loaded meanwhile plus this
 # A client that hangs up must cost little more than what it read: the tokens generated for hang-ups may be at most
-# this share of what they asked for (each reads 1-12 text events of max_new_tokens, then the server cancels).
+# this share of what they asked for (each reads 1-12 text events of max_new_tokens, or waits 0.3 s for a
+# non-streaming reply, then the server cancels).
 HANG_UP_SHARE = 0.25
 ANYIO_THREADS = 40              # AnyIO's default worker-thread limit: that pool grows and shrinks within it
 QUESTIONS = ["What does the json module do?", "How do I sort a list?", "What is os.path?",
@@ -75,6 +86,7 @@ class Job:
     stop: tuple[str, ...] = ()
     prompts: int = 1
     expect: str = ""       # poison: a word the one error message must contain
+    field: str = NO_FIELD  # poison: the field the error names (its `param`)
     hang_up_after: int = 0
 
 
@@ -82,8 +94,9 @@ def _body(payload: dict) -> bytes:
     return json.dumps(payload).encode()
 
 
-def poison_jobs(settings, model: str) -> list[tuple[str, bytes, str]]:
-    """(route, body, word the error must contain) for requests that must each get one clear 4xx error."""
+def poison_jobs(settings, model: str) -> list[tuple[str, bytes, str, str]]:
+    """(route, body, word the error must contain, the field it must name) for requests that must each get one clear
+    4xx error."""
     chat, text = "/v1/chat/completions", "/v1/completions"
     ask = [{"role": "user", "content": "hi"}]
 
@@ -92,33 +105,42 @@ def poison_jobs(settings, model: str) -> list[tuple[str, bytes, str]]:
 
     base = {"model": model, "messages": ask, "max_tokens": 4}
     return [
-        (chat, raw(base, "temperature", "NaN"), "temperature"),
-        (chat, raw(base, "temperature", "Infinity"), "temperature"),
-        (chat, raw(base, "top_p", "NaN"), "top_p"),
-        (chat, _body({**base, "temperature": 1e308}), "temperature"),
-        (chat, _body({**base, "temperature": -0.5}), "temperature"),
-        (chat, _body({**base, "top_p": -1}), "top_p"),
-        (chat, _body({**base, "top_k": -5}), "top_k"),
-        (chat, _body({**base, "max_tokens": -1}), "max_tokens"),
-        (chat, _body({**base, "max_tokens": 10**12}), "max_tokens"),
-        (chat, _body({**base, "seed": 2**70}), "seed"),
-        (chat, _body({**base, "stop": [f"s{i}" for i in range(50)]}), "stop"),
-        (chat, _body({**base, "n": 3}), "not supported"),
-        (chat, _body({**base, "stream": "yes"}), "stream"),
+        (chat, raw(base, "temperature", "NaN"), "temperature", "temperature"),
+        (chat, raw(base, "temperature", "Infinity"), "temperature", "temperature"),
+        (chat, raw(base, "top_p", "NaN"), "top_p", "top_p"),
+        (chat, _body({**base, "temperature": 1e308}), "temperature", "temperature"),
+        (chat, _body({**base, "temperature": -0.5}), "temperature", "temperature"),
+        (chat, _body({**base, "top_p": -1}), "top_p", "top_p"),
+        (chat, _body({**base, "top_k": -5}), "top_k", "top_k"),
+        (chat, _body({**base, "top_k": 10**400}), "top_k", "top_k"),
+        (chat, _body({**base, "max_tokens": -1}), "max_tokens", "max_tokens"),
+        (chat, _body({**base, "max_tokens": 10**12}), "max_tokens", "max_tokens"),
+        (chat, _body({**base, "seed": 2**70}), "seed", "seed"),
+        (chat, _body({**base, "stop": [f"s{i}" for i in range(50)]}), "stop", "stop"),
+        (chat, _body({**base, "stop": "\udc00"}), "stop", "stop"),
+        (chat, _body({**base, "n": 3}), "not supported", "n"),
+        (chat, _body({**base, "repetition_penalty": 1.3}), "not supported", "repetition_penalty"),
+        (chat, _body({**base, "min_tokens": 8}), "not supported", "min_tokens"),
+        (chat, _body({**base, "best_of_luck": 1}), "unknown field", "best_of_luck"),
+        (chat, _body({**base, "stream": "yes"}), "stream", "stream"),
         (chat, _body({**base, "messages": [{"role": "user", "content": "x" * (settings.max_message_chars + 1)}]}),
-         "characters"),
-        (chat, _body({**base, "messages": [{"role": "user", "content": "bad \ud800 half"}]}), "surrogate"),
-        (chat, _body({**base, "messages": [{"role": "wizard", "content": "hi"}]}), "role"),
-        (chat, _body({**base, "messages": [{"role": "user", "content": 5}]}), "content"),
-        (chat, _body({**base, "model": "no-such-model"}), "not allowed"),
-        (chat, _body({**base, "model": f"{model}@no-such-preset"}), "preset"),
-        (chat, _body({**base, "model": "../../../etc/passwd"}), "not allowed"),
-        (chat, _body({**base, "model": 42}), "model"),
-        (chat, b"{not json", "JSON"),
-        (chat, b"[]", "JSON object"),
-        (text, _body({"model": model, "prompt": [5] * (settings.max_prompt_tokens + 1), "max_tokens": 4}), "tokens"),
-        (text, _body({"model": model, "prompt": [-1, 10**9], "max_tokens": 4}), "token ids"),
-        (text, _body({"model": model, "prompt": "hi", "max_tokens": 4, "logprobs": 2}), "not supported"),
+         "characters", "messages"),
+        (chat, _body({**base, "messages": [{"role": "user", "content": "bad \ud800 half"}]}), "surrogate",
+         "messages"),
+        (chat, _body({**base, "messages": [{"role": "wizard", "content": "hi"}]}), "role", "messages"),
+        (chat, _body({**base, "messages": [{"role": "user", "content": 5}]}), "content", "messages"),
+        (chat, _body({**base, "model": "no-such-model"}), "not allowed", "model"),
+        (chat, _body({**base, "model": f"{model}@no-such-preset"}), "preset", "model"),
+        (chat, _body({**base, "model": "../../../etc/passwd"}), "not allowed", "model"),
+        (chat, _body({**base, "model": 42}), "model", "model"),
+        (chat, b"{not json", "JSON", NO_FIELD),
+        (chat, b"[]", "JSON object", NO_FIELD),
+        (chat, b'{"model": "demo", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", "JSON", NO_FIELD),
+        (text, _body({"model": model, "prompt": [5] * (settings.max_prompt_tokens + 1), "max_tokens": 4}), "tokens",
+         "prompt"),
+        (text, _body({"model": model, "prompt": [5] * 1000, "max_tokens": 100}), "context length", "prompt"),
+        (text, _body({"model": model, "prompt": [-1, 10**9], "max_tokens": 4}), "token ids", "prompt"),
+        (text, _body({"model": model, "prompt": "hi", "max_tokens": 4, "logprobs": 2}), "not supported", "logprobs"),
     ]
 
 
@@ -140,8 +162,8 @@ def plan_jobs(count: int, settings, model: str, max_tokens: int, rng: random.Ran
         target = model_id(model, ALSO_USED) if rng.random() < 0.1 else main
         roll = rng.random()
         if index % poison_every == poison_every - 1:
-            route, body, expect = poisons[(index // poison_every) % len(poisons)]
-            jobs.append(Job(index, "poison", route, body, expect=expect))
+            route, body, expect, field = poisons[(index // poison_every) % len(poisons)]
+            jobs.append(Job(index, "poison", route, body, expect=expect, field=field))
         elif roll < 0.33:
             jobs.append(Job(index, "hang-up", "/v1/completions", _body({
                 "model": target, "prompt": rng.choice(QUESTIONS + ODD_TEXT), "max_tokens": settings.max_new_tokens,
@@ -180,20 +202,6 @@ def well_formed(index: int, model: str, max_tokens: int, rng: random.Random) -> 
 # ----- running one job -----------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    """What one job got back, and what was wrong with it (None when it was right)."""
-
-    index: int
-    kind: str
-    seconds: float = 0.0
-    status: int = 0
-    finish: str = ""
-    output_tokens: int = 0
-    problem: str | None = None
-    error: str = ""
-
-
 def _finished_right(job: Job, finish: str, output_tokens: int, text: str) -> str | None:
     """Why a reply's finish reason and length are wrong for what was asked, or None."""
     if finish not in ("stop", "length"):
@@ -209,8 +217,8 @@ def _finished_right(job: Job, finish: str, output_tokens: int, text: str) -> str
     return None
 
 
-def _post(base: tuple[str, int], job: Job, timeout: float):
-    connection = http.client.HTTPConnection(*base, timeout=timeout)
+def _post(base: tuple[str, int], job: Job, timeout: float, source: str):
+    connection = http.client.HTTPConnection(*base, timeout=timeout, source_address=(source, 0))
     connection.request("POST", job.route, body=job.body, headers={"Content-Type": "application/json"})
     return connection, connection.getresponse()
 
@@ -224,9 +232,10 @@ def _events(response):
             yield None if data == b"[DONE]" else json.loads(data)
 
 
-def run_http(base: tuple[str, int], job: Job, timeout: float) -> Outcome:
-    outcome = Outcome(job.index, job.kind)
-    connection, response = _post(base, job, timeout)
+def run_http(base: tuple[str, int], job: Job, timeout: float, source: str) -> Outcome:
+    """Send `job` from the loopback address `source` (its client) and judge what comes back."""
+    outcome = Outcome(job.index, job.kind, asked_tokens=job.max_tokens if job.kind == "hang-up" else 0)
+    connection, response = _post(base, job, timeout, source)
     outcome.status = response.status
     try:
         if job.kind == "poison":
@@ -245,19 +254,7 @@ def run_http(base: tuple[str, int], job: Job, timeout: float) -> Outcome:
 
 
 def _judge_poison(job: Job, response, outcome: Outcome) -> None:
-    raw = response.read()
-    try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        outcome.problem = f"HTTP {response.status} without an error message: {raw[:200]!r}"
-        return
-    outcome.error = message
-    if not 400 <= response.status < 500:
-        outcome.problem = f"HTTP {response.status} for a bad request: {message}"
-    elif job.expect.lower() not in message.lower():
-        outcome.problem = f"the error does not say {job.expect!r}: {message}"
-    elif "Traceback" in message or str(ROOT) in message:
-        outcome.problem = f"the error leaks internals: {message}"
+    outcome.error, outcome.problem = refusal_problem(response.status, response.read(), job.expect, job.field)
 
 
 def _hang_up(job: Job, connection, response, outcome: Outcome) -> None:
@@ -334,6 +331,7 @@ class Snapshot:
     threads: dict[str, int]
     children: int
     engines: list[dict] = field(default_factory=list)
+    measurement_slot_free: bool = True
 
     @classmethod
     def take(cls, app, ignore: set[threading.Thread]) -> Snapshot:
@@ -351,8 +349,11 @@ class Snapshot:
             engines.append({key: getattr(stats, key) for key in ("kv_blocks_free", "kv_blocks_total", "num_running",
                                                                  "num_waiting")} | {"config": entry.key})
         children = [c for c in psutil.Process().children(recursive=True) if not _is_resource_tracker(c)]
+        probe = app.measurements.take(object())  # holds the slot at once when no measurement holds or waits for it
+        slot_free = probe.holding
+        app.measurements.release(probe)
         return cls(psutil.Process().memory_info().rss / MIB, _kv_resident_bytes(app) / MIB,
-                   app.pool.total_bytes() / MIB, dict(names), len(children), engines)
+                   app.pool.total_bytes() / MIB, dict(names), len(children), engines, slot_free)
 
     @property
     def rss_beside_kv_mib(self) -> float:
@@ -396,7 +397,7 @@ def _client_threads(gradio_clients):
     def threads() -> set[threading.Thread]:
         found = {thread for pool in executors for thread in pool._threads}
         return found | {client.heartbeat for client in gradio_clients} | {
-            t for t in threading.enumerate() if t.name.startswith("soak-client")}
+            t for t in threading.enumerate() if t.name.startswith(("soak-client", "soak-attacker"))}
 
     return threads
 
@@ -455,6 +456,8 @@ class EngineWatch:
 
 @dataclass
 class Report:
+    """The calm and the attacked round: what was sent, what came back, the server before and after both."""
+
     requests: int
     clients: int
     seconds: float
@@ -465,6 +468,9 @@ class Report:
     completed: int
     latency_p50_s: float
     latency_p99_s: float
+    attacked_latency_p50_s: float
+    attacked_latency_p99_s: float
+    attacks: dict
     before: Snapshot
     after: Snapshot
     problems: list[str]
@@ -478,57 +484,101 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 def soak(app, url: str, requests: int = 200, clients: int = 16, max_tokens: int = 48, seed: int = 0,
-         timeout: float = 300.0) -> Report:
+         timeout: float = 300.0, attacks: Attacks = EVERY_ATTACK) -> Report:
     """Run the load against the app at `url` (in this process) and check the server afterwards.
 
-    A warm-up round of the same shape comes first, so that the snapshot taken before the measured round
-    holds the steady sizes of the server's thread pools and allocator; its requests are checked too.
+    A warm-up round of the same shape comes first, so that the snapshot taken before the calm round holds the
+    steady sizes of the server's thread pools and allocator; the calm round gives the visitors' latency without an
+    attacker, the attacked round the same traffic with every attack of `attacks` at once. Every round's requests
+    are checked.
     """
     from gradio_client import Client
 
     base = (url.split("//")[1].split(":")[0], int(url.rstrip("/").rsplit(":", 1)[1]))
     model = app.default_config.model
     gradio_clients = [Client(url, verbose=False) for _ in range(max(1, clients // 4))]
-    client_threads = _client_threads(gradio_clients)
-    rounds = []
+    attacker = Client(url, verbose=False)
+    client_threads = _client_threads([*gradio_clients, attacker])
+    rounds, before = [], None
     for number, switch in enumerate(SWITCHES):
         jobs = plan_jobs(requests, app.settings, model, max_tokens, random.Random(seed + number), switch)
         _settle(app, 30)
-        before = Snapshot.take(app, client_threads())
-        rounds.append((jobs, *_run_round(app, jobs, base, gradio_clients, clients, timeout, switch[1]), before))
+        if number == 1:
+            before = Snapshot.take(app, client_threads())
+        attack = (base, attacker, model, app.settings.max_new_tokens, attacks) if number == 2 else None
+        rounds.append((jobs, *_run_round(app, jobs, base, gradio_clients, clients, timeout, switch[1], attack)))
     after = Snapshot.take(app, client_threads())
-    for client in gradio_clients:
+    for client in [*gradio_clients, attacker]:
         client.close()
-    jobs, outcomes, seconds, generated, before = rounds[-1]
     problems = [f"request {o.index} ({o.kind}): {o.problem}" for _, round_outcomes, *_ in rounds
                 for o in round_outcomes if o.problem]
+    problems += [f"request {o.index} ({o.kind}): HTTP {o.status}" for _, round_outcomes, *_ in rounds
+                 for o in round_outcomes if o.status >= 500 and not o.problem]
     problems += _server_problems(before, after)
-    delivered = sum(o.output_tokens for o in outcomes if o.kind != "hang-up")
-    hang_ups = sum(o.kind == "hang-up" for o in outcomes)
-    if generated - delivered > hang_ups * app.settings.max_new_tokens * HANG_UP_SHARE:
-        problems.append(f"the engines generated {generated - delivered} tokens for {hang_ups} clients that hung up "
-                        f"(asked for {app.settings.max_new_tokens} each): hanging up did not cancel them")
-    if len(outcomes) != len(jobs):
-        problems.append(f"{len(jobs) - len(outcomes)} requests never finished")
-    latencies = [o.seconds for o in outcomes if o.kind not in ("poison", "hang-up") and not o.problem]
+    (jobs, outcomes, seconds, generated), (_, attacked, _, attacked_generated) = rounds[1], rounds[2]
+    for round_outcomes, round_generated in ((outcomes, generated), (attacked, attacked_generated)):
+        problems += _cancellation_problems(round_outcomes, round_generated)
+    for round_jobs, round_outcomes, *_ in rounds:
+        if len(round_outcomes) < len(round_jobs):
+            problems.append(f"{len(round_jobs) - len(round_outcomes)} requests never finished")
+    calm, under_attack = _latencies(outcomes), _latencies(attacked)
+    if _percentile(under_attack, 0.99) > ATTACKED_P99_RATIO * _percentile(calm, 0.99):
+        problems.append(f"the visitors' p99 latency went from {_percentile(calm, 0.99):.2f} s to "
+                        f"{_percentile(under_attack, 0.99):.2f} s under attack (at most {ATTACKED_P99_RATIO:g}x)")
+    attack_kinds = Counter(o.kind for o in attacked if o.index < 0)
     return Report(requests=len(jobs), clients=clients, seconds=round(seconds, 1),
                   kinds=dict(Counter(j.kind for j in jobs)),
                   poison_refused=sum(o.kind == "poison" and not o.problem for o in outcomes),
-                  hung_up=sum(o.finish == "hung up" for o in outcomes), hung_up_tokens=generated - delivered,
-                  completed=len(latencies), latency_p50_s=round(_percentile(latencies, 0.5), 3),
-                  latency_p99_s=round(_percentile(latencies, 0.99), 3), before=before, after=after,
-                  problems=problems)
+                  hung_up=sum(o.finish == "hung up" for o in outcomes),
+                  hung_up_tokens=generated - sum(o.output_tokens for o in outcomes if not o.asked_tokens),
+                  completed=len(calm), latency_p50_s=round(_percentile(calm, 0.5), 3),
+                  latency_p99_s=round(_percentile(calm, 0.99), 3),
+                  attacked_latency_p50_s=round(_percentile(under_attack, 0.5), 3),
+                  attacked_latency_p99_s=round(_percentile(under_attack, 0.99), 3),
+                  attacks={kind: {"sent": count, "answered right": sum(o.kind == kind and not o.problem
+                                                                       for o in attacked)}
+                           for kind, count in attack_kinds.items()},
+                  before=before, after=after, problems=problems)
 
 
-def _run_round(app, jobs: list[Job], base, gradio_clients, clients: int, timeout: float,
-               preset: str) -> tuple[list[Outcome], float, int]:
-    """(outcomes, seconds, tokens the engines generated) of one round, once the server has settled."""
+def _latencies(outcomes: list[Outcome]) -> list[float]:
+    """The request-to-last-byte times of the visitors' well-formed requests that were answered right."""
+    return [o.seconds for o in outcomes if o.index >= 0 and o.kind not in ("poison", "hang-up") and not o.problem]
+
+
+def _cancellation_problems(outcomes: list[Outcome], generated: int) -> list[str]:
+    """The tokens the engines generated for clients that left (hang-ups, non-streaming disconnects) must stay under
+    HANG_UP_SHARE of what those clients asked for: leaving cancels."""
+    delivered = sum(o.output_tokens for o in outcomes if not o.asked_tokens)
+    asked = sum(o.asked_tokens for o in outcomes)
+    left = sum(bool(o.asked_tokens) for o in outcomes)
+    if generated - delivered > asked * HANG_UP_SHARE:
+        return [f"the engines generated {generated - delivered} tokens for {left} clients that left (asking for "
+                f"{asked} in all): leaving did not cancel their requests"]
+    return []
+
+
+def _run_round(app, jobs: list[Job], base, gradio_clients, clients: int, timeout: float, preset: str,
+               attack: tuple | None) -> tuple[list[Outcome], float, int]:
+    """(outcomes, seconds, tokens the engines generated) of one round, once the server has settled; with `attack`
+    (base, its Gradio client, model, max_new_tokens, Attacks), the attacks run alongside the visitors, and their
+    outcomes come with negative indexes."""
     started = time.perf_counter()
+    attacked: list[Outcome] = []
+    attacker = None
+    if attack is not None:
+        attacker = threading.Thread(target=lambda: attacked.extend(run_attacks(*attack, ATTACKER_ADDRESS)),
+                                    name="soak-attacker-main")
+        attacker.start()
     with EngineWatch(app) as engines:
         outcomes = _run_all(jobs, base, gradio_clients, clients, timeout, app, preset)
+        if attacker is not None:
+            attacker.join()
         seconds = time.perf_counter() - started
         _settle(app, 30)
-    return outcomes, seconds, engines.output_tokens(since=started)
+    for number, outcome in enumerate(attacked, start=1):
+        outcome.index = -number
+    return outcomes + attacked, seconds, engines.output_tokens(since=started)
 
 
 def _server_problems(before: Snapshot, after: Snapshot) -> list[str]:
@@ -551,6 +601,8 @@ def _server_problems(before: Snapshot, after: Snapshot) -> list[str]:
         problems.append(f"threads left over: {grown}")
     if after.children > before.children:
         problems.append(f"{after.children - before.children} child processes left over")
+    if not after.measurement_slot_free:
+        problems.append("a measurement still holds or waits for the measurement slot")
     allowed = max(0.0, after.engine_mib - before.engine_mib) + RSS_SLACK_MIB
     grown = after.rss_beside_kv_mib - before.rss_beside_kv_mib
     if grown > allowed:
@@ -589,11 +641,11 @@ def _run_all(jobs: list[Job], base, gradio_clients, clients: int, timeout: float
             with lock:
                 free_gradio.extend(taken)
 
-    def run(job: Job) -> Outcome:
+    def run(job: Job, source: str) -> Outcome:
         if job.index == switch_at:
             switch()
         if job.kind != "gradio-chat":
-            return run_http(base, job, timeout)
+            return run_http(base, job, timeout, source)
         client = take_gradio_client()
         try:
             return run_gradio(client, job)
@@ -601,7 +653,7 @@ def _run_all(jobs: list[Job], base, gradio_clients, clients: int, timeout: float
             with lock:
                 free_gradio.append(client)
 
-    def worker() -> None:
+    def worker(source: str) -> None:
         while True:
             with lock:
                 if not pending:
@@ -609,14 +661,16 @@ def _run_all(jobs: list[Job], base, gradio_clients, clients: int, timeout: float
                 job = pending.pop(0)
             started = time.perf_counter()
             try:
-                outcome = run(job)
+                outcome = run(job, source)
             except Exception as error:  # a failure of the server as seen from a client
                 outcome = Outcome(job.index, job.kind, problem=f"{type(error).__name__}: {error}")
             outcome.seconds = time.perf_counter() - started
             with lock:
                 outcomes.append(outcome)
 
-    threads = [threading.Thread(target=worker, name=f"soak-client-{i}") for i in range(clients)]
+    # each client its own loopback address, as each visitor has its own on a public server
+    threads = [threading.Thread(target=worker, args=(f"127.0.0.{10 + i}",), name=f"soak-client-{i}")
+               for i in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -641,14 +695,18 @@ def start_public_app(settings_env: dict | None = None):
 def format_report(report: Report) -> str:
     before, after = report.before, report.after
     lines = [f"{report.requests} requests from {report.clients} clients in {report.seconds} s: {report.kinds}",
-             f"completed {report.completed} (p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s), "
+             f"calm round: completed {report.completed} (p50 {report.latency_p50_s} s, p99 {report.latency_p99_s} s), "
              f"hung up {report.hung_up} (the engines generated {report.hung_up_tokens} tokens for them), "
              f"poison refused {report.poison_refused}",
+             f"attacked round: visitors' p50 {report.attacked_latency_p50_s} s, p99 {report.attacked_latency_p99_s} s; "
+             "attacks " + ", ".join(f"{kind} {counts['answered right']}/{counts['sent']}"
+                                    for kind, counts in report.attacks.items()),
              f"RSS {before.rss_mib:.0f} -> {after.rss_mib:.0f} MiB, of which KV pages {before.kv_resident_mib:.0f} -> "
              f"{after.kv_resident_mib:.0f} MiB (engines {before.engine_mib:.0f} -> "
              f"{after.engine_mib:.0f} MiB); threads {sum(before.threads.values())} -> {sum(after.threads.values())}; "
              f"engines {len(before.engines)} -> {len(after.engines)}, KV blocks free "
-             + ", ".join(f"{e['kv_blocks_free']}/{e['kv_blocks_total']}" for e in after.engines),
+             + ", ".join(f"{e['kv_blocks_free']}/{e['kv_blocks_total']}" for e in after.engines)
+             + f"; measurement slot {'free' if after.measurement_slot_free else 'held'}",
              f"problems: {len(report.problems)}"] + [f"  {p}" for p in report.problems]
     return "\n".join(lines)
 
