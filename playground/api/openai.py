@@ -90,7 +90,7 @@ class OpenAIService:
         self.admission = Admission(settings.max_concurrent_chats + settings.max_queue, settings.max_tokens_in_flight,
                                    settings.max_client_tokens_in_flight)
 
-    # ----- admission and configuration ------------------------------------------------------
+    # ----- configuration ---------------------------------------------------------------------
 
     def config_for(self, model) -> EngineConfig:
         """The engine configuration of a model id (`name` or `name@preset`), validated under the hosting limits."""
