@@ -1,4 +1,4 @@
-"""The engine's own CPU operators (`csrc/cpu_kernels.cpp`), for float32 models on a CPU.
+"""The engine's own CPU operators (`csrc/`), for float32 models on a CPU.
 
 Why a C++ extension: attention over a paged cache written in PyTorch has to copy every cached
 block of every sequence into a padded tensor each step (a quarter of a decode step at batch 64);
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
+SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
 BUILD_ROOT = Path(__file__).resolve().parent.parent.parent / "build" / "cpu-kernels"
 LIBRARY_NAME = "playground_cpu_kernels"
 # -fopenmp: the kernels spread work with at::parallel_for, which is a header template; compiled without OpenMP it
@@ -33,9 +33,16 @@ OPS = "playground_cpu"
 NOT_BUILT = "the engine's CPU kernels are not built for this source and torch (run `make kernels`)"
 
 
+def sources() -> list[Path]:
+    """The files compiled into the library (each `.cpp` of csrc/)."""
+    return sorted(SOURCE_DIR.glob("*.cpp"))
+
+
 def build_key() -> str:
-    """What a build depends on: the source, the flags and the torch it links against."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    """What a build depends on: every source and header, the flags and the torch it links against."""
+    digest = hashlib.sha256()
+    for path in sorted(SOURCE_DIR.glob("*.[ch]*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(" ".join(CFLAGS + LDFLAGS).encode())
     digest.update(torch.__version__.encode())
     return digest.hexdigest()[:16]
@@ -55,7 +62,7 @@ def build(verbose: bool = False) -> Path:
     # The pinned `ninja` package installs its binary next to this interpreter, which need not be on PATH.
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     path.parent.mkdir(parents=True, exist_ok=True)
-    load(name=LIBRARY_NAME, sources=[str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
+    load(name=LIBRARY_NAME, sources=[str(path) for path in sources()], extra_cflags=CFLAGS, extra_ldflags=LDFLAGS,
          build_directory=str(path.parent), is_python_module=False, verbose=verbose)
     if not path.is_file():
         built = sorted(p.name for p in path.parent.iterdir())
@@ -71,8 +78,8 @@ def unavailable_reason() -> str | None:
     global _loaded
     if _loaded is not None:
         return None
-    if not SOURCE.is_file():
-        return "the CPU kernel source is missing"
+    if not sources():
+        return "the CPU kernel sources are missing"
     path = library_path()
     if not path.is_file():
         return NOT_BUILT
