@@ -25,11 +25,17 @@ CHOICES: dict[str, list[str]] = {
     "quantization": ["none", *QUANT_LEVELS],
     "attention": ["auto", "cpu-kernel", "sdpa", "eager", "flash-attn"],
     "kv_layout": ["paged", "contiguous"],
+    "kv_cache_dtype": ["auto", "float32", "bfloat16", "int8"],
     "batching": ["continuous", "static"],
     "speculative": ["off", "draft", "ngram"],
 }
 
 MAX_SPECULATIVE_TOKENS = 16
+KV_CACHE_NOTES = {
+    "bfloat16": "half the bytes of float32 per token; the CPU kernel widens it to float32 as it reads",
+    "int8": "int8 values and a float32 scale per token and head (68 bytes per 64 values): 3.8x the tokens of "
+            "float32 in the same memory; the CPU kernel reads it in place, other paths dequantize what they gather",
+}
 
 
 def tensor_parallel_reason(size, device: str = "auto", num_heads: int | None = None,
@@ -108,6 +114,8 @@ def choice_note(field_name: str, value, device: str = "auto") -> str | None:
     if field_name == "quantization" and value in QUANT_LEVELS:
         level = QUANT_LEVELS[value]
         return " · ".join(part for part in (f"{level.library}: {level.summary}", level.note(device)) if part)
+    if field_name == "kv_cache_dtype" and value in KV_CACHE_NOTES:
+        return KV_CACHE_NOTES[value]
     if field_name == "gqa" and value == "mha":
         return "KV heads repeated to one per query head: same outputs, bigger KV cache, slower decode"
     if field_name == "gqa" and isinstance(value, int):
@@ -134,6 +142,7 @@ class EngineConfig:
     prefix_caching: bool = True
     kv_cache_bytes: int | None = None
     kv_memory_fraction: float | None = None
+    kv_cache_dtype: str = "auto"
     batching: str = "continuous"
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 2048
@@ -217,6 +226,9 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.backend == "hf":
             raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
                               "process (use backend='native' or 'auto')")
+        if self.attention == "flash-attn" and self.kv_cache_dtype == "int8":
+            raise ConfigError("kv_cache_dtype='int8': flash-attn reads float16/bfloat16 K/V only; choose sdpa "
+                              "attention (which dequantizes the blocks it gathers) or another kv_cache_dtype")
         for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
@@ -224,6 +236,9 @@ class EngineConfig:
         if self.backend == "hf" and self.gqa != "native":
             raise ConfigError("GQA conversion (gqa) runs in the native engine only; the hf baseline serves the "
                               "checkpoint's own heads")
+        if self.backend == "hf" and self.kv_cache_dtype != "auto":
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r}: the hf backend keeps transformers' own KV "
+                              "cache in the model's dtype; use kv_cache_dtype='auto' or backend='native'")
         if self.backend == "hf" and self.attention in ("flash-attn", "cpu-kernel"):
             raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
         return self

@@ -129,8 +129,9 @@ class Engine:
             raise
         self.info = EngineInfo(
             model=self.config.model, path=str(plan.path), architecture=plan.architecture, backend=plan.backend,
-            device=plan.device, device_name=describe_device(), dtype=plan.dtype_name, attention=plan.attention,
-            quantization=self.config.quantization, max_model_len=plan.max_model_len, vocab_size=plan.vocab_size,
+            device=plan.device, device_name=describe_device(), dtype=plan.dtype_name,
+            kv_cache_dtype=plan.kv_dtype_name, attention=plan.attention, quantization=self.config.quantization,
+            max_model_len=plan.max_model_len, vocab_size=plan.vocab_size,
             num_params=self._backend.num_params, num_kv_heads=plan.num_kv_heads,
             kv_bytes_per_token=plan.kv_bytes_per_token, cuda_graphs=plan.cuda_graphs, cpu_kernels=plan.cpu_kernels,
             tensor_parallel_size=self.config.tensor_parallel_size,

@@ -22,6 +22,7 @@ class EngineInfo:
     device: str
     device_name: str
     dtype: str
+    kv_cache_dtype: str         # what the KV cache stores (`auto` resolved: the model's dtype unless set)
     attention: str
     quantization: str
     max_model_len: int

@@ -55,9 +55,10 @@ class EnginePlan:
     """What an engine of `config` will be, every `auto` made concrete, before anything is loaded.
 
     `config` is the configuration with `backend` and `max_model_len` resolved. `spec` (native backend
-    only) is the model's shape after GQA conversion. `kv_block_bytes` counts one block over every
-    layer, every tensor-parallel rank and a draft's pool; `num_kv_blocks` is 0 where transformers
-    grows its own cache (the hf backend's static batching).
+    only) is the model's shape after GQA conversion. `kv_dtype` is what the KV pools store (`kv_cache_dtype`
+    resolved; `torch.int8` is the int8 rows with an inline scale, model/kv_format.py). `kv_block_bytes` counts
+    one block over every layer, every tensor-parallel rank and a draft's pool; `num_kv_blocks` is 0 where
+    transformers grows its own cache (the hf backend's static batching).
     """
 
     config: EngineConfig
@@ -66,6 +67,7 @@ class EnginePlan:
     architecture: str
     device: str
     dtype: torch.dtype
+    kv_dtype: torch.dtype
     attention: str
     cpu_kernels: bool
     cuda_graphs: bool
@@ -89,6 +91,10 @@ class EnginePlan:
         return str(self.dtype).removeprefix("torch.")
 
     @property
+    def kv_dtype_name(self) -> str:
+        return str(self.kv_dtype).removeprefix("torch.")
+
+    @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV pools the native engine allocates (0 where transformers sizes its own cache)."""
         return self.num_kv_blocks * self.kv_block_bytes if self.backend == "native" else 0
@@ -99,7 +105,8 @@ class EnginePlan:
                  f"context {self.max_model_len}"]
         if self.backend == "native":
             layout = "contiguous" if self.config.kv_layout == "contiguous" else f"blocks of {self.block_size}"
-            parts.append(f"{self.num_kv_blocks:,} KV blocks ({layout}, {self.num_kv_heads} KV heads)")
+            parts.append(f"{self.num_kv_blocks:,} KV blocks ({layout}, {self.num_kv_heads} KV heads, "
+                         f"{self.kv_dtype_name})")
         if self.draft:
             parts.append(f"draft {self.draft.name}")
         return " · ".join(parts)
@@ -122,6 +129,9 @@ def plan_engine(config: EngineConfig, download: bool = True) -> EnginePlan:
     if config.backend == "auto" and not_native and config.speculative != "off":
         raise ModelLoadError(f"{not_native}, and speculative decoding runs in the native engine: set "
                              "speculative='off' to serve it through transformers")
+    if config.backend == "auto" and not_native and config.kv_cache_dtype != "auto":
+        raise ConfigError(f"{not_native}, and kv_cache_dtype={config.kv_cache_dtype!r} is the native engine's KV "
+                          "pool (transformers keeps its own cache): set kv_cache_dtype='auto' to serve it")
     if config.backend == "auto":
         config = config.replace(backend="hf" if not_native else "native")
         if not_native:
@@ -142,6 +152,13 @@ def resolve_dtype(config: EngineConfig, hf_config, device: str) -> torch.dtype:
     stored = getattr(hf_config, "dtype", None)
     stored = DTYPES.get(stored, stored) if isinstance(stored, str) else stored
     return stored if stored in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+def resolve_kv_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """What the KV pools store: `auto` is the model's dtype; `int8` is int8 rows with an inline float32 scale."""
+    if config.kv_cache_dtype == "auto":
+        return dtype
+    return torch.int8 if config.kv_cache_dtype == "int8" else DTYPES[config.kv_cache_dtype]
 
 
 def hf_attention_implementation(config: EngineConfig) -> str:
@@ -189,12 +206,13 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
     kernels, kernels_notice = _cpu_kernels(config, device, dtype)
     if kernels_notice:
         notices.append(kernels_notice)
-    attention = _native_attention(config, device, dtype, kernels)
+    kv_dtype = resolve_kv_dtype(config, dtype)
+    attention = _native_attention(config, device, dtype, kv_dtype, kernels)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
     size = config.tensor_parallel_size
-    block_bytes = kv_block_bytes(spec, block_size, dtype, size)
+    block_bytes = kv_block_bytes(spec, block_size, kv_dtype, size)
     if draft:
-        block_bytes += bytes_per_block(draft.spec, block_size, dtype)
+        block_bytes += bytes_per_block(draft.spec, block_size, kv_dtype)
     one_sequence = -(-max_model_len // block_size) * block_bytes
     budget = kv_budget_bytes(config, one_sequence, device)
     if budget < one_sequence:
@@ -206,10 +224,10 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
         notices.append("CUDA graphs are off under tensor parallelism (not captured with collectives inside)")
     return EnginePlan(
         config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
-        architecture=architecture, device=device, dtype=dtype, attention=attention, cpu_kernels=kernels,
-        cuda_graphs=graphs, max_model_len=max_model_len, block_size=block_size,
+        architecture=architecture, device=device, dtype=dtype, kv_dtype=kv_dtype, attention=attention,
+        cpu_kernels=kernels, cuda_graphs=graphs, max_model_len=max_model_len, block_size=block_size,
         num_kv_blocks=budget // block_bytes, kv_block_bytes=block_bytes,
-        kv_bytes_per_token=kv_block_bytes(spec, 1, dtype, size), num_kv_heads=spec.num_kv_heads,
+        kv_bytes_per_token=kv_block_bytes(spec, 1, kv_dtype, size), num_kv_heads=spec.num_kv_heads,
         vocab_size=spec.vocab_size, spec=spec, draft=draft, notices=tuple(notices))
 
 
@@ -239,7 +257,7 @@ def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, dev
         num_blocks = max(1, kv_budget_bytes(config, one_sequence, device) // (token_bytes * block_size))
     return EnginePlan(
         config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
-        architecture=architecture, device=device, dtype=dtype,
+        architecture=architecture, device=device, dtype=dtype, kv_dtype=dtype,
         attention=f"transformers {hf_attention_implementation(config)}", cpu_kernels=False, cuda_graphs=False,
         max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_blocks,
         kv_block_bytes=token_bytes * block_size, kv_bytes_per_token=token_bytes, num_kv_heads=kv_heads,
@@ -290,11 +308,12 @@ def _cpu_kernels(config: EngineConfig, device: str, dtype: torch.dtype) -> tuple
     return reason is None, reason and f"pure-PyTorch CPU paths: {reason}"
 
 
-def _native_attention(config: EngineConfig, device: str, dtype: torch.dtype, kernels: bool) -> str:
-    """`auto`: flash-attn where it can run (CUDA, half precision, blocks of 256); the engine's paged
-    kernel where its CPU kernels run; else sdpa."""
+def _native_attention(config: EngineConfig, device: str, dtype: torch.dtype, kv_dtype: torch.dtype,
+                      kernels: bool) -> str:
+    """`auto`: flash-attn where it can run (CUDA, half precision, a KV cache of the model's dtype, blocks of 256);
+    the engine's paged kernel where its CPU kernels run; else sdpa."""
     if config.attention == "auto":
-        use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32
+        use_flash = (device == "cuda" and flash_attn_available() and dtype != torch.float32 and kv_dtype == dtype
                      and config.block_size % FLASH_BLOCK_MULTIPLE == 0 and config.kv_layout == "paged")
         if use_flash:
             return "flash-attn"
@@ -305,6 +324,9 @@ def _native_attention(config: EngineConfig, device: str, dtype: torch.dtype, ker
     if config.attention == "flash-attn":
         if dtype == torch.float32:
             raise ConfigError("flash-attn computes in float16 or bfloat16; set dtype accordingly")
+        if kv_dtype != dtype:
+            raise ConfigError(f"kv_cache_dtype={config.kv_cache_dtype!r}: flash-attn reads a KV cache of the "
+                              f"model's dtype ({dtype}) only; use kv_cache_dtype='auto' or sdpa attention")
         if config.block_size % FLASH_BLOCK_MULTIPLE or config.kv_layout != "paged":
             raise ConfigError(f"flash-attn's paged kernels need kv_layout='paged' and block_size a multiple of "
                               f"{FLASH_BLOCK_MULTIPLE}, got {config.kv_layout} / {config.block_size}")

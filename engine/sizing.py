@@ -90,7 +90,8 @@ def estimate_memory(config: EngineConfig | EnginePlan) -> MemoryEstimate:
     draft_kv = 0
     if plan.draft:
         weights += planned_weight_bytes(meta_model(plan.draft.spec, plan.dtype, "none", plan.device))
-        draft_kv = plan.num_kv_blocks * bytes_per_block(plan.draft.spec, plan.block_size, plan.dtype)
-    rank_kv = (plan.num_kv_blocks * bytes_per_block(rank_kv_spec(plan.spec, size), plan.block_size, plan.dtype),) * size
+        draft_kv = plan.num_kv_blocks * bytes_per_block(plan.draft.spec, plan.block_size, plan.kv_dtype)
+    rank_kv = (plan.num_kv_blocks * bytes_per_block(rank_kv_spec(plan.spec, size), plan.block_size,
+                                                  plan.kv_dtype),) * size
     return MemoryEstimate(weights, sum(rank_kv) + draft_kv, plan.kv_bytes_per_token, plan.num_kv_blocks,
                           rank_weights, rank_kv)

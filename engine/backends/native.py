@@ -57,9 +57,9 @@ log = logging.getLogger(__name__)
 def runner_settings(plan: EnginePlan) -> RunnerSettings:
     """The plain, picklable part of the plan every process that holds a shard builds its runner from."""
     config = plan.config
-    return RunnerSettings(str(plan.path), plan.hf_config, plan.spec, config.quantization, plan.dtype, plan.device,
-                          plan.attention, plan.block_size, plan.num_kv_blocks, plan.max_model_len, plan.cuda_graphs,
-                          config.max_num_seqs, plan.cpu_kernels)
+    return RunnerSettings(str(plan.path), plan.hf_config, plan.spec, config.quantization, plan.dtype, plan.kv_dtype,
+                          plan.device, plan.attention, plan.block_size, plan.num_kv_blocks, plan.max_model_len,
+                          plan.cuda_graphs, config.max_num_seqs, plan.cpu_kernels)
 
 
 def make_executor(plan: EnginePlan) -> Executor:
@@ -76,7 +76,7 @@ def build_draft_runner(plan: EnginePlan) -> ModelRunner:
     build = BuildContext(plan.dtype, plan.device, cpu_kernels=plan.cpu_kernels)
     attention = make_attention(plan.attention, draft.spec.head_dim, plan.block_size)
     model = build_native_model(draft.spec, draft.hf_config, draft.path, build, attention, plan.max_model_len)
-    kv_cache = KVCache(draft.spec, plan.num_kv_blocks + int(plan.cuda_graphs), plan.block_size, plan.dtype,
+    kv_cache = KVCache(draft.spec, plan.num_kv_blocks + int(plan.cuda_graphs), plan.block_size, plan.kv_dtype,
                        plan.device, head_major=plan.attention != "flash-attn")
     graphs = (DecodeGraphs(model, kv_cache.layers, plan.config.max_num_seqs, -(-plan.max_model_len // plan.block_size),
                            plan.num_kv_blocks, plan.block_size, plan.device) if plan.cuda_graphs else None)
@@ -91,7 +91,7 @@ class NativeBackend:
         self.device = plan.device
         self.spec = plan.spec
         self.block_size = plan.block_size
-        self.kv_block_bytes = plan.kv_block_bytes - (bytes_per_block(plan.draft.spec, plan.block_size, plan.dtype)
+        self.kv_block_bytes = plan.kv_block_bytes - (bytes_per_block(plan.draft.spec, plan.block_size, plan.kv_dtype)
                                                      if plan.draft else 0)
         torch.manual_seed(config.seed)
         self.block_manager = BlockManager(plan.num_kv_blocks, plan.block_size, config.prefix_caching)

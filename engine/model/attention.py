@@ -18,6 +18,12 @@ Backends:
   when its mask stays small, else go one sequence at a time. The pool is not zero-filled, so the
   padding copied with the blocks is zeroed before it is read.
 - `flash-attn`: the flash_attn package's varlen and paged kernels (CUDA only).
+
+A pool of another `kv_cache_dtype` than the model's (model/kv_format.py) is read in place by the C++ kernel; the
+torch paths, on a CPU and on a GPU alike, store K/V converted (int8: quantized) and convert (dequantize) the blocks
+they gather before attention: dequantize-on-gather, not a fused kernel. A prompt's first chunk attends to its own
+K/V as the pool stores them (quantized and back), so every token sees the cache's precision, in prefill as in
+decode. flash-attn reads the model's dtype only.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch.nn.functional as F
 
 from engine.core.step_timing import section
 from engine.model import cpu_kernels
+from engine.model.kv_format import as_stored, from_cache, to_cache
 
 # A chunk over a cached prefix with more query tokens than this gathers its prefix once and runs SDPA:
 # the kernel reads K/V once per query row, SDPA's matmuls amortise one copy over many rows.
@@ -128,9 +135,9 @@ def eager_kernel(q, k, v, mask, scale, causal):
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    """Store the step's K/V [tokens, kv_heads, dim] in their slots of a head-major cache."""
-    k_cache.index_copy_(1, slot_mapping, k.transpose(0, 1))
-    v_cache.index_copy_(1, slot_mapping, v.transpose(0, 1))
+    """Store the step's K/V [tokens, kv_heads, dim] in their slots of a head-major cache, in the cache's format."""
+    k_cache.index_copy_(1, slot_mapping, to_cache(k, k_cache.dtype).transpose(0, 1))
+    v_cache.index_copy_(1, slot_mapping, to_cache(v, v_cache.dtype).transpose(0, 1))
 
 
 class SpanAttention:
@@ -142,11 +149,11 @@ class SpanAttention:
         self.scale = 1.0 / math.sqrt(head_dim)
         self.block_size = block_size
 
-    def blocks(self, cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-        """[H, len(block_ids) * block_size, D]: the listed blocks of every head, in order."""
-        heads, _, dim = cache.shape
-        paged = cache.view(heads, -1, self.block_size, dim)
-        return paged.index_select(1, block_ids).view(heads, -1, dim)
+    def blocks(self, cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[H, len(block_ids) * block_size, D]: the listed blocks of every head, in order, as values of `dtype`."""
+        heads, _, width = cache.shape
+        paged = cache.view(heads, -1, self.block_size, width)
+        return from_cache(paged.index_select(1, block_ids).view(heads, -1, width), dtype)
 
     def span(self, batch: StepBatch, row: int, token_start: int) -> PrefillSpan:
         count, start = batch.query_lens[row], batch.starts[row]
@@ -161,11 +168,11 @@ class SpanAttention:
         for span in spans:
             q_span = q[span.token_start:span.token_end].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
             if span.kv_blocks is None:
-                k_span = k[span.token_start:span.token_end].transpose(0, 1)
-                v_span = v[span.token_start:span.token_end].transpose(0, 1)
+                k_span = as_stored(k[span.token_start:span.token_end], k_cache.dtype).transpose(0, 1)
+                v_span = as_stored(v[span.token_start:span.token_end], v_cache.dtype).transpose(0, 1)
             else:
-                k_span = self.blocks(k_cache, span.kv_blocks)[:, :span.kv_len]
-                v_span = self.blocks(v_cache, span.kv_blocks)[:, :span.kv_len]
+                k_span = self.blocks(k_cache, span.kv_blocks, q.dtype)[:, :span.kv_len]
+                v_span = self.blocks(v_cache, span.kv_blocks, q.dtype)[:, :span.kv_len]
             attended = self.kernel(q_span, k_span.unsqueeze(0), v_span.unsqueeze(0), span.mask, self.scale, True)
             out[span.token_start:span.token_end] = attended.squeeze(0).transpose(0, 1)
 
@@ -256,10 +263,10 @@ class GatherAttention(SpanAttention):
             mask=(kv_positions[None, None, :] <= query_positions[:, :, None]).unsqueeze(1),
             rows=len(rows), query_slots=slots)
 
-    def _padded_cache(self, cache: torch.Tensor, padded: PaddedRows) -> torch.Tensor:
+    def _padded_cache(self, cache: torch.Tensor, padded: PaddedRows, dtype: torch.dtype) -> torch.Tensor:
         """[B, H, width, D] blocks of each padded row's sequence; slots past its length (never written, or
         stale from an earlier owner of the block) are zeroed so that no garbage reaches the softmax."""
-        gathered = self.blocks(cache, padded.blocks).unflatten(1, (padded.rows, -1)).transpose(0, 1)
+        gathered = self.blocks(cache, padded.blocks, dtype).unflatten(1, (padded.rows, -1)).transpose(0, 1)
         return gathered.masked_fill_(padded.kv_padding, 0.0)
 
     def __call__(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -268,7 +275,8 @@ class GatherAttention(SpanAttention):
         out = torch.empty_like(q)
         for padded in meta.padded:
             with section("kv_gather"):
-                k_padded, v_padded = self._padded_cache(k_cache, padded), self._padded_cache(v_cache, padded)
+                k_padded = self._padded_cache(k_cache, padded, q.dtype)
+                v_padded = self._padded_cache(v_cache, padded, q.dtype)
             with section("attention"):
                 q_padded = q.index_select(0, padded.token_index).unflatten(0, (padded.rows, padded.query_slots))
                 attended = self.kernel(q_padded.transpose(1, 2), k_padded, v_padded, padded.mask, self.scale, False)

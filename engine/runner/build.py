@@ -44,6 +44,7 @@ class RunnerSettings:
     spec: ModelSpec
     quantization: str
     dtype: torch.dtype
+    kv_dtype: torch.dtype
     device: str
     attention: str
     block_size: int
@@ -60,9 +61,9 @@ def rank_kv_spec(spec: ModelSpec, size: int) -> ModelSpec:
     return spec.replace(num_kv_heads=heads.local_kv_heads)
 
 
-def kv_block_bytes(spec: ModelSpec, block_size: int, dtype: torch.dtype, size: int) -> int:
+def kv_block_bytes(spec: ModelSpec, block_size: int, kv_dtype: torch.dtype, size: int) -> int:
     """Bytes one KV block takes over all `size` ranks together (replicated KV heads counted on each rank)."""
-    return size * bytes_per_block(rank_kv_spec(spec, size), block_size, dtype)
+    return size * bytes_per_block(rank_kv_spec(spec, size), block_size, kv_dtype)
 
 
 def build_native_model(spec: ModelSpec, hf_config, path: Path, build: BuildContext, attention,
@@ -97,7 +98,7 @@ def build_runner(settings: RunnerSettings, parallel: ParallelContext = SINGLE_PR
     model = build_native_model(spec, settings.hf_config, Path(settings.path), build, attention,
                                settings.max_model_len)
     kv_cache = KVCache(rank_kv_spec(spec, parallel.size), settings.num_blocks + int(settings.cuda_graphs),
-                       settings.block_size, settings.dtype, settings.device,
+                       settings.block_size, settings.kv_dtype, settings.device,
                        head_major=settings.attention != "flash-attn")
     decode_graphs = None
     if settings.cuda_graphs:

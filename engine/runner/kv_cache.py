@@ -12,30 +12,34 @@ gained (0.6 ms).
 Two layouts of the same slots: slot-major [slots, kv_heads, head_dim] is what flash-attn's paged
 kernels read; head-major [kv_heads, slots, head_dim] lets the torch backends gather a sequence's
 blocks straight into the [heads, length, head_dim] shape attention wants, with no transpose copy.
+
+The pool's element type is the plan's `kv_dtype` (the model's dtype unless `kv_cache_dtype` says otherwise); an int8
+pool's rows carry their scale inline, so its last dimension is head_dim + 4 (model/kv_format.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.model.kv_format import row_bytes, row_width
 from engine.model.spec import ModelSpec
 
 
-def bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * element
+def bytes_per_block(spec: ModelSpec, block_size: int, kv_dtype: torch.dtype) -> int:
+    return 2 * spec.num_layers * block_size * spec.num_kv_heads * row_bytes(spec.head_dim, kv_dtype)
 
 
 class KVCache:
     """Per-layer K and V tensors over `num_blocks * block_size` slots, slot-major or head-major."""
 
-    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device: str,
+    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, kv_dtype: torch.dtype, device: str,
                  head_major: bool):
         self.block_size = block_size
-        self.block_bytes = bytes_per_block(spec, block_size, dtype)
+        self.block_bytes = bytes_per_block(spec, block_size, kv_dtype)
         slots = num_blocks * block_size
         per_layer = (spec.num_kv_heads, slots) if head_major else (slots, spec.num_kv_heads)
-        self.storage = torch.empty((2, spec.num_layers, *per_layer, spec.head_dim), dtype=dtype, device=device)
+        self.storage = torch.empty((2, spec.num_layers, *per_layer, row_width(spec.head_dim, kv_dtype)),
+                                   dtype=kv_dtype, device=device)
         self.layers = [(self.storage[0, layer], self.storage[1, layer]) for layer in range(spec.num_layers)]
 
     @property

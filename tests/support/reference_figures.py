@@ -51,7 +51,8 @@ def memory_in_use(device: str) -> int:
 def engine_info(**fields) -> EngineInfo:
     """An `EngineInfo` of a loaded demo-like engine, with `fields` changed: for figure code tested without a model."""
     defaults = dict(model="demo", path="assets/models/demo-chat", architecture="LlamaForCausalLM", backend="native",
-                    device="cpu", device_name="CPU", dtype="float32", attention="cpu-kernel", quantization="none",
+                    device="cpu", device_name="CPU", dtype="float32", kv_cache_dtype="float32", attention="cpu-kernel",
+                    quantization="none",
                     max_model_len=1024, vocab_size=6144, num_params=8_000_000, num_kv_heads=8,
                     kv_bytes_per_token=16384, cuda_graphs=False, cpu_kernels=True, tensor_parallel_size=1,
                     draft_model=None, draft_num_params=0, load_seconds=1.0, notices=())

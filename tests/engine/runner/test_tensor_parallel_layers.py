@@ -33,8 +33,8 @@ BUILD_ONE_AT_A_TIME = threading.Lock()
 def settings_for(folder: str, quantization: str = "none", gqa: str | int = "native") -> RunnerSettings:
     hf_config = AutoConfig.from_pretrained(folder)
     checkpoint = ModelSpec.from_hf_config(hf_config)
-    return RunnerSettings(folder, hf_config, convert_spec(checkpoint, gqa), quantization, torch.float32, "cpu", "sdpa",
-                          BLOCK, 64, 128, False, 8)
+    return RunnerSettings(folder, hf_config, convert_spec(checkpoint, gqa), quantization, torch.float32, torch.float32,
+                          "cpu", "sdpa", BLOCK, 64, 128, False, 8)
 
 
 def on_ranks(work, size: int = RANKS) -> list:
