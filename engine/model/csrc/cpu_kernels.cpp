@@ -4,7 +4,10 @@
 //   block by block through each sequence's block table, with an online softmax (one pass, no
 //   padded copy of the cache, no read of a slot past a query's causal limit). One work item is
 //   one (sequence, KV head): all query tokens of that sequence and all query heads sharing that
-//   KV head read each K/V block once while it is in L1.
+//   KV head read each K/V block once while it is in L1. The pool may be float32, bfloat16 or int8
+//   rows with an inline float32 scale (engine/model/kv_format.py): store_kv converts as it writes,
+//   and attention widens each row to float32 in registers as it reads (an int8 key's dot product
+//   and a value's softmax weight are multiplied by the row's scale once).
 // small_batch_linear: y = x W^T (+ b) for a handful of rows (decode batches), reading each weight
 //   row once for all rows of x; MKL's GEMM is several times slower than its own GEMV at 2-8 rows.
 //
@@ -31,51 +34,136 @@
 
 namespace {
 
+// What the KV pool's rows hold (engine/model/kv_format.py): float32, bfloat16, or int8 values then a float32 scale.
+enum class KVKind { kFloat, kBFloat16, kInt8 };
+
+// W bfloat16 (as bits), their float32 bits, and W int8: what KVRow widens to a vector of W floats.
+template <int W> struct NarrowLanes;
+template <> struct NarrowLanes<4> {
+  typedef uint16_t halves __attribute__((vector_size(8)));
+  typedef uint32_t words __attribute__((vector_size(16)));
+  typedef int8_t bytes __attribute__((vector_size(4)));
+};
+template <> struct NarrowLanes<8> {
+  typedef uint16_t halves __attribute__((vector_size(16)));
+  typedef uint32_t words __attribute__((vector_size(32)));
+  typedef int8_t bytes __attribute__((vector_size(8)));
+};
+template <> struct NarrowLanes<16> {
+  typedef uint16_t halves __attribute__((vector_size(32)));
+  typedef uint32_t words __attribute__((vector_size(64)));
+  typedef int8_t bytes __attribute__((vector_size(16)));
+};
+
+// One cache row's elements as floats, for each element type T of the pool: `load` widens W of them into a
+// vector (in registers), `at` one; `scale` is what the row's values are multiplied by (int8 rows: the 4 bytes
+// after the row's `dim` values), and `kExtra` the elements a row holds beyond its `dim` values.
+template <typename T> struct KVRow;
+
+template <> struct KVRow<float> {
+  static constexpr int64_t kExtra = 0;
+  static constexpr bool kScaled = false;
+  template <int W> static PLAYGROUND_INLINE vec<W> load(const float* p) { return ::load<W>(p); }
+  static PLAYGROUND_INLINE float at(const float* p) { return *p; }
+  static PLAYGROUND_INLINE float scale(const float*, int64_t) { return 1.f; }
+};
+
+// bfloat16 as its bits: the high half of a float32.
+template <> struct KVRow<uint16_t> {
+  static constexpr int64_t kExtra = 0;
+  static constexpr bool kScaled = false;
+  template <int W> static PLAYGROUND_INLINE vec<W> load(const uint16_t* p) {
+    typename NarrowLanes<W>::halves bits;
+    std::memcpy(&bits, p, sizeof(bits));
+    const auto wide = __builtin_convertvector(bits, typename NarrowLanes<W>::words) << 16;
+    vec<W> v;
+    std::memcpy(&v, &wide, sizeof(v));
+    return v;
+  }
+  static PLAYGROUND_INLINE float at(const uint16_t* p) {
+    const uint32_t bits = static_cast<uint32_t>(*p) << 16;
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    return x;
+  }
+  static PLAYGROUND_INLINE float scale(const uint16_t*, int64_t) { return 1.f; }
+};
+
+template <> struct KVRow<int8_t> {
+  static constexpr int64_t kExtra = sizeof(float);
+  static constexpr bool kScaled = true;
+  template <int W> static PLAYGROUND_INLINE vec<W> load(const int8_t* p) {
+    typename NarrowLanes<W>::bytes b;
+    std::memcpy(&b, p, sizeof(b));
+    return __builtin_convertvector(b, vec<W>);
+  }
+  static PLAYGROUND_INLINE float at(const int8_t* p) { return static_cast<float>(*p); }
+  static PLAYGROUND_INLINE float scale(const int8_t* row, int64_t dim) {
+    float s;
+    std::memcpy(&s, row + dim, sizeof(s));
+    return s;
+  }
+};
+
 struct PagedShape {
   int64_t num_heads, groups, head_dim, block_size, num_slots, max_blocks, q_token_stride;
   float scale;
+  KVKind kv_kind;
 };
 
 // One work item of paged attention: all query rows of one (sequence, KV head).
 struct AttendItem {
   const float* q;        // the step's queries [tokens, heads, dim] (row stride q_token_stride)
   float* out;            // [tokens, heads, dim]
-  const float* k_head;   // this KV head's [slots, dim] of the cache
-  const float* v_head;
+  const void* k_head;    // this KV head's [slots, row] of the cache (rows of the pool's element type)
+  const void* v_head;
   const int32_t* table;  // the sequence's block table
   int64_t kv_head, first_token, count, context_len;
 };
 
-// Scores of one query row (pre-scaled) against the W keys at `keys`, all of which are visible: dimension
-// chunks outside, keys inside, so W accumulators and one query chunk are live (they fit AVX2's 16 registers).
-template <int W>
-PLAYGROUND_INLINE vec<W> full_chunk_scores(const float* q, const float* keys, int64_t dim) {
+// Scores of one query row (pre-scaled) against the W keys at `keys` (rows `stride` elements apart), all of which
+// are visible: dimension chunks outside, keys inside, so W accumulators and one query chunk are live (they fit
+// AVX2's 16 registers). Unscaled: the caller multiplies int8 keys' scores by their rows' scales.
+template <int W, typename T>
+PLAYGROUND_INLINE vec<W> full_chunk_scores(const float* q, const T* keys, int64_t dim, int64_t stride) {
   vec<W> acc[W] = {};
   int64_t d = 0;
   for (; d + W <= dim; d += W) {
     const vec<W> q_chunk = load<W>(q + d);
-    for (int t = 0; t < W; ++t) acc[t] += q_chunk * load<W>(keys + t * dim + d);
+    for (int t = 0; t < W; ++t) acc[t] += q_chunk * KVRow<T>::template load<W>(keys + t * stride + d);
   }
   vec<W> scores = transpose_sums<W>(acc);
   for (; d < dim; ++d) {
-    for (int t = 0; t < W; ++t) scores[t] += q[d] * keys[t * dim + d];
+    for (int t = 0; t < W; ++t) scores[t] += q[d] * KVRow<T>::at(keys + t * stride + d);
   }
   return scores;
 }
 
+template <int W, typename T>
+PLAYGROUND_INLINE float row_dot(const float* q, const T* row, int64_t dim) {
+  vec<W> acc = {};
+  int64_t d = 0;
+  for (; d + W <= dim; d += W) acc += load<W>(q + d) * KVRow<T>::template load<W>(row + d);
+  float total = lane_sum<W>(acc);
+  for (; d < dim; ++d) total += q[d] * KVRow<T>::at(row + d);
+  return total;
+}
+
 // The same for the first `visible` (< W) keys; lanes past them are left 0 (masked by the caller).
-template <int W>
-PLAYGROUND_INLINE vec<W> partial_chunk_scores(const float* q, const float* keys, int64_t visible, int64_t dim) {
+template <int W, typename T>
+PLAYGROUND_INLINE vec<W> partial_chunk_scores(const float* q, const T* keys, int64_t visible, int64_t dim,
+                                              int64_t stride) {
   vec<W> scores = {};
-  for (int64_t t = 0; t < visible; ++t) scores[t] = dot<W>(q, keys + t * dim, dim);
+  for (int64_t t = 0; t < visible; ++t) scores[t] = row_dot<W, T>(q, keys + t * stride, dim);
   return scores;
 }
 
-// acc = acc * correction + sum over the chunk's visible keys of p[t] * value_t, DIM floats (0: any head_dim).
-// Up to 8 output chunks stay in registers while the keys stream past.
-template <int W, int DIM>
-PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const float* p, const float* values,
-                                         int64_t visible, int64_t runtime_dim) {
+// acc = acc * correction + sum over the chunk's visible keys of p[t] * value_t, DIM floats (0: any head_dim),
+// value rows `stride` elements apart (p already holds int8 rows' scales). Up to 8 output chunks stay in registers
+// while the keys stream past.
+template <int W, int DIM, typename T>
+PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const float* p, const T* values,
+                                         int64_t visible, int64_t runtime_dim, int64_t stride) {
   const int64_t dim = DIM ? DIM : runtime_dim;
   if constexpr (DIM > 0 && DIM % W == 0) {
     constexpr int kChunks = DIM / W, kGroup = kChunks < 8 ? kChunks : 8;
@@ -84,14 +172,14 @@ PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const flo
       for (int j = 0; j < kGroup; ++j) a[j] = load<W>(acc + (g + j) * W) * correction;
       for (int64_t t = 0; t < visible; ++t) {
         const vec<W> weight = splat<W>(p[t]);
-        for (int j = 0; j < kGroup; ++j) a[j] += weight * load<W>(values + t * dim + (g + j) * W);
+        for (int j = 0; j < kGroup; ++j) a[j] += weight * KVRow<T>::template load<W>(values + t * stride + (g + j) * W);
       }
       for (int j = 0; j < kGroup; ++j) store<W>(acc + (g + j) * W, a[j]);
     }
   } else {
     for (int64_t d = 0; d < dim; ++d) acc[d] *= correction;
     for (int64_t t = 0; t < visible; ++t) {
-      for (int64_t d = 0; d < dim; ++d) acc[d] += p[t] * values[t * dim + d];
+      for (int64_t d = 0; d < dim; ++d) acc[d] += p[t] * KVRow<T>::at(values + t * stride + d);
     }
   }
 }
@@ -107,7 +195,7 @@ constexpr int64_t kPrefetchPositions = 16;
 // never reach its softmax, so unwritten or stale slots are never used. Every row (each query token of each
 // query head sharing this KV head) updates its online softmax from a chunk while the chunk is in L1; the rows'
 // scaled queries, accumulators and softmax state live in `work` (attention_work_floats).
-template <int W, int DIM>
+template <int W, int DIM, typename T>
 PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& item, float* work) {
   static const vec<W> lane_index = [] {
     vec<W> lanes;
@@ -115,6 +203,9 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
     return lanes;
   }();
   const int64_t dim = DIM ? DIM : s.head_dim;
+  const int64_t stride = dim + KVRow<T>::kExtra;  // elements from one cache row to the next
+  const T* k_head = static_cast<const T*>(item.k_head);
+  const T* v_head = static_cast<const T*>(item.v_head);
   const int64_t rows = item.count * s.groups;
   float* queries = work;                 // [rows, dim], scaled
   float* accumulators = work + rows * dim;
@@ -131,6 +222,8 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
   std::fill(running_max, running_max + rows, kNegInf);
   std::fill(running_sum, running_sum + rows, 0.f);
   alignas(64) float p[W];
+  alignas(64) float value_scales[W];
+  vec<W> key_scales = splat<W>(1.f);
   const int64_t step = std::min<int64_t>(W, s.block_size);
   for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
     const int64_t offset = position0 % s.block_size;
@@ -141,27 +234,40 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
       const int64_t next_slot =
           static_cast<int64_t>(item.table[next / s.block_size]) * s.block_size + next % s.block_size;
       const int64_t next_count = std::min({item.context_len - next, step, s.block_size - next % s.block_size});
-      for (int64_t line = 0; line < next_count * dim; line += 16) {
-        __builtin_prefetch(item.k_head + next_slot * dim + line, 0, kPrefetchLocality);
-        __builtin_prefetch(item.v_head + next_slot * dim + line, 0, kPrefetchLocality);
+      const char* next_keys = reinterpret_cast<const char*>(k_head + next_slot * stride);
+      const char* next_values = reinterpret_cast<const char*>(v_head + next_slot * stride);
+      for (int64_t line = 0; line < next_count * stride * static_cast<int64_t>(sizeof(T)); line += 64) {
+        __builtin_prefetch(next_keys + line, 0, kPrefetchLocality);
+        __builtin_prefetch(next_values + line, 0, kPrefetchLocality);
       }
     }
-    const float* keys = item.k_head + slot0 * dim;
-    const float* values = item.v_head + slot0 * dim;
+    const T* keys = k_head + slot0 * stride;
+    const T* values = v_head + slot0 * stride;
+    if constexpr (KVRow<T>::kScaled) {  // the chunk's rows' scales, once for every query row (0 past the chunk)
+      key_scales = vec<W>{};
+      for (int64_t t = 0; t < chunk; ++t) {
+        key_scales[t] = KVRow<T>::scale(keys + t * stride, dim);
+        value_scales[t] = KVRow<T>::scale(values + t * stride, dim);
+      }
+    }
     for (int64_t i = 0; i < item.count; ++i) {
       const int64_t limit = item.context_len - (item.count - 1 - i);
       const int64_t visible = std::min(chunk, limit - position0);
       if (visible <= 0) continue;
       for (int64_t g = 0; g < s.groups; ++g) {
         const int64_t row = i * s.groups + g;
-        vec<W> scores = visible == W ? full_chunk_scores<W>(queries + row * dim, keys, dim)
-                                     : partial_chunk_scores<W>(queries + row * dim, keys, visible, dim);
+        vec<W> scores = visible == W ? full_chunk_scores<W, T>(queries + row * dim, keys, dim, stride)
+                                     : partial_chunk_scores<W, T>(queries + row * dim, keys, visible, dim, stride);
+        if constexpr (KVRow<T>::kScaled) scores *= key_scales;
         scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
         const float new_max = std::max(running_max[row], lane_max<W>(scores));
         const float correction = std::exp(running_max[row] - new_max);
         const vec<W> weights = exp_lanes<W>(scores - new_max);
         store<W>(p, weights);
-        accumulate_values<W, DIM>(accumulators + row * dim, correction, p, values, visible, dim);
+        if constexpr (KVRow<T>::kScaled) {
+          for (int64_t t = 0; t < visible; ++t) p[t] *= value_scales[t];
+        }
+        accumulate_values<W, DIM, T>(accumulators + row * dim, correction, p, values, visible, dim, stride);
         running_sum[row] = running_sum[row] * correction + lane_sum<W>(weights);
         running_max[row] = new_max;
       }
@@ -177,13 +283,22 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
   }
 }
 
+template <int W, typename T>
+PLAYGROUND_INLINE void attend_item_rows(const PagedShape& s, const AttendItem& item, float* work) {
+  switch (s.head_dim) {
+    case 32: attend_item_dim<W, 32, T>(s, item, work); break;
+    case 64: attend_item_dim<W, 64, T>(s, item, work); break;
+    case 128: attend_item_dim<W, 128, T>(s, item, work); break;
+    default: attend_item_dim<W, 0, T>(s, item, work); break;
+  }
+}
+
 template <int W>
 PLAYGROUND_INLINE void attend_item(const PagedShape& s, const AttendItem& item, float* work) {
-  switch (s.head_dim) {
-    case 32: attend_item_dim<W, 32>(s, item, work); break;
-    case 64: attend_item_dim<W, 64>(s, item, work); break;
-    case 128: attend_item_dim<W, 128>(s, item, work); break;
-    default: attend_item_dim<W, 0>(s, item, work); break;
+  switch (s.kv_kind) {
+    case KVKind::kBFloat16: attend_item_rows<W, uint16_t>(s, item, work); break;
+    case KVKind::kInt8: attend_item_rows<W, int8_t>(s, item, work); break;
+    default: attend_item_rows<W, float>(s, item, work); break;
   }
 }
 
@@ -349,7 +464,27 @@ void check_heads(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name, "'s heads must be contiguous");
 }
 
-// q/out [tokens, heads, dim]; k_cache/v_cache [kv_heads, slots, dim]; block_tables [seqs, max_blocks] int32;
+// A K/V pool pair's element type, checked: contiguous CPU [kv_heads, slots, row] of float32 or bfloat16 (row =
+// head_dim values), or int8 (row = head_dim values and their float32 scale's 4 bytes).
+KVKind kv_kind_of(const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t head_dim) {
+  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu() && k_cache.is_contiguous() &&
+              v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+              k_cache.scalar_type() == v_cache.scalar_type(),
+              "k_cache/v_cache must be contiguous CPU tensors [kv_heads, slots, row] of the same type and shape");
+  KVKind kind;
+  int64_t extra = 0;
+  switch (k_cache.scalar_type()) {
+    case at::kFloat: kind = KVKind::kFloat; break;
+    case at::kBFloat16: kind = KVKind::kBFloat16; break;
+    case at::kChar: kind = KVKind::kInt8; extra = KVRow<int8_t>::kExtra; break;
+    default: TORCH_CHECK(false, "the KV caches must be float32, bfloat16 or int8, got ", k_cache.scalar_type());
+  }
+  TORCH_CHECK(k_cache.size(2) == head_dim + extra, "a ", k_cache.scalar_type(), " cache row holds ", head_dim + extra,
+              " elements for head_dim ", head_dim, ", got ", k_cache.size(2));
+  return kind;
+}
+
+// q/out [tokens, heads, dim]; k_cache/v_cache [kv_heads, slots, row] (see kv_kind_of); block_tables [seqs, max_blocks] int32;
 // query_start, query_len, context_lens [seqs] int64: sequence n's queries are rows
 // query_start[n] .. query_start[n] + query_len[n] - 1 of q; its last query sees context_lens[n] positions.
 // Rows of `out` that belong to no sequence are left untouched.
@@ -357,22 +492,20 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
                      const at::Tensor& block_tables, const at::Tensor& query_start, const at::Tensor& query_len,
                      const at::Tensor& context_lens, int64_t block_size, double scale, at::Tensor& out) {
   check_heads(q, "q");
-  check_cpu_float(k_cache, "k_cache");
-  check_cpu_float(v_cache, "v_cache");
+  const KVKind kv_kind = kv_kind_of(k_cache, v_cache, q.size(2));
   check_cpu_float(out, "out");
   check_cpu_int(block_tables, "block_tables", at::kInt);
   check_cpu_int(query_start, "query_start", at::kLong);
   check_cpu_int(query_len, "query_len", at::kLong);
   check_cpu_int(context_lens, "context_lens", at::kLong);
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && out.sizes() == q.sizes(),
-              "q/out must be [tokens, heads, dim] and the caches [kv_heads, slots, dim]");
-  TORCH_CHECK(q.size(2) == k_cache.size(2) && q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
+  TORCH_CHECK(out.sizes() == q.sizes(), "q/out must be [tokens, heads, dim]");
+  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "head shapes do not match");
   TORCH_CHECK(block_size > 0 && k_cache.size(1) % block_size == 0, "the cache's slots are not whole blocks");
   const int64_t num_seqs = block_tables.size(0), kv_heads = k_cache.size(0);
   TORCH_CHECK(query_start.numel() == num_seqs && query_len.numel() == num_seqs && context_lens.numel() == num_seqs,
               "one query_start, query_len and context_len per block-table row");
   const PagedShape shape{q.size(1), q.size(1) / kv_heads, q.size(2), block_size, k_cache.size(1),
-                         block_tables.size(1), q.stride(0), static_cast<float>(scale)};
+                         block_tables.size(1), q.stride(0), static_cast<float>(scale), kv_kind};
   const int64_t* starts = query_start.data_ptr<int64_t>();
   const int64_t* lens = query_len.data_ptr<int64_t>();
   const int64_t* contexts = context_lens.data_ptr<int64_t>();
@@ -387,8 +520,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     TORCH_CHECK(tables[i] >= 0 && tables[i] < num_blocks_total, "block id out of range");
   }
   const float* q_data = q.data_ptr<float>();
-  const float* k_data = k_cache.data_ptr<float>();
-  const float* v_data = v_cache.data_ptr<float>();
+  const char* k_data = static_cast<const char*>(k_cache.data_ptr());
+  const char* v_data = static_cast<const char*>(v_cache.data_ptr());
+  const int64_t head_bytes = k_cache.size(1) * k_cache.size(2) * k_cache.element_size();
   float* out_data = out.data_ptr<float>();
   const int64_t items = num_seqs * kv_heads;
   int64_t max_count = 0;
@@ -404,9 +538,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       for (int64_t item = next++; item < items; item = next++) {
         const int64_t n = item / kv_heads, head = item % kv_heads;
         if (lens[n] == 0) continue;
-        const AttendItem one{q_data, out_data, k_data + head * shape.num_slots * shape.head_dim,
-                             v_data + head * shape.num_slots * shape.head_dim, tables + n * shape.max_blocks,
-                             head, starts[n], lens[n], contexts[n]};
+        const AttendItem one{q_data, out_data, k_data + head * head_bytes, v_data + head * head_bytes,
+                             tables + n * shape.max_blocks, head, starts[n], lens[n], contexts[n]};
         kernels.attend(shape, one, work.data());
       }
     }
@@ -551,32 +684,68 @@ void rotary_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, co
   });
 }
 
-// K/V rows [tokens, kv_heads, dim] into their slots of head-major caches [kv_heads, slots, dim].
+// One K or V row of `dim` floats as a cache row of the pool's element type (see KVRow): float32 copied, bfloat16
+// rounded to nearest even (NaN kept a NaN), int8 quantized symmetrically: scale = max|x| / 127 (its 4 bytes after
+// the values), q = round(x / scale) to nearest even, as engine/model/kv_format.py computes it (0 for a zero row).
+PLAYGROUND_MULTIVERSION
+void store_row(const float* x, float* row, int64_t dim) { std::memcpy(row, x, dim * sizeof(float)); }
+
+PLAYGROUND_MULTIVERSION
+void store_row(const float* x, uint16_t* row, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) {
+    uint32_t bits;
+    std::memcpy(&bits, x + d, sizeof(bits));
+    row[d] = x[d] != x[d] ? 0x7FC0 : static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+  }
+}
+
+PLAYGROUND_MULTIVERSION
+void store_row(const float* x, int8_t* row, int64_t dim) {
+  float largest = 0.f;
+  for (int64_t d = 0; d < dim; ++d) largest = std::max(largest, std::fabs(x[d]));
+  const float scale = largest / 127.f;
+  const float divisor = scale == 0.f ? 1.f : scale;
+  for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<int8_t>(std::nearbyint(x[d] / divisor));
+  std::memcpy(row + dim, &scale, sizeof(scale));
+}
+
+template <typename T>
+void store_rows(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+                const int64_t* slot) {
+  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2), slots = k_cache.size(1);
+  const int64_t stride = k_cache.size(2);
+  const float* k_data = k.data_ptr<float>();
+  const float* v_data = v.data_ptr<float>();
+  T* kc = static_cast<T*>(k_cache.data_ptr());
+  T* vc = static_cast<T*>(v_cache.data_ptr());
+  at::parallel_for(0, tokens, row_grain(2 * heads * dim), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        store_row(k_data + t * k.stride(0) + h * dim, kc + (h * slots + slot[t]) * stride, dim);
+        store_row(v_data + t * v.stride(0) + h * dim, vc + (h * slots + slot[t]) * stride, dim);
+      }
+    }
+  });
+}
+
+// K/V rows [tokens, kv_heads, dim] into their slots of head-major caches [kv_heads, slots, row], converted to the
+// caches' element type (see kv_kind_of).
 void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
   check_heads(k, "k");
   check_heads(v, "v");
-  check_cpu_float(k_cache, "k_cache");
-  check_cpu_float(v_cache, "v_cache");
+  const KVKind kind = kv_kind_of(k_cache, v_cache, k.size(2));
   check_cpu_int(slot_mapping, "slot_mapping", at::kLong);
-  const int64_t tokens = k.size(0), heads = k.size(1), dim = k.size(2), slots = k_cache.size(1);
-  TORCH_CHECK(v.sizes() == k.sizes() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
-              k_cache.size(0) == heads && k_cache.size(2) == dim && slot_mapping.numel() == tokens,
-              "k/v [tokens, kv_heads, dim] and caches [kv_heads, slots, dim] expected");
+  const int64_t tokens = k.size(0), slots = k_cache.size(1);
+  TORCH_CHECK(v.sizes() == k.sizes() && k_cache.size(0) == k.size(1) && slot_mapping.numel() == tokens,
+              "k/v [tokens, kv_heads, dim] and caches [kv_heads, slots, row] expected");
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < slots, "slot out of range");
-  const float* k_data = k.data_ptr<float>();
-  const float* v_data = v.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  at::parallel_for(0, tokens, row_grain(2 * heads * dim), [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(kc + (h * slots + slot[t]) * dim, k_data + t * k.stride(0) + h * dim, dim * sizeof(float));
-        std::memcpy(vc + (h * slots + slot[t]) * dim, v_data + t * v.stride(0) + h * dim, dim * sizeof(float));
-      }
-    }
-  });
+  switch (kind) {
+    case KVKind::kBFloat16: store_rows<uint16_t>(k, v, k_cache, v_cache, slot); break;
+    case KVKind::kInt8: store_rows<int8_t>(k, v, k_cache, v_cache, slot); break;
+    default: store_rows<float>(k, v, k_cache, v_cache, slot); break;
+  }
 }
 
 constexpr int64_t kMaxRowsPerPass = 8;
