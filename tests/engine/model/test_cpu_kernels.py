@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import cpu_kernels
+from engine.model.kv_format import from_cache, to_cache
 from engine.model.rotary import apply_rotary
 
 ATOL = 2e-5
@@ -43,8 +44,10 @@ def reference_attention(q, k_cache, v_cache, tables, query_start, query_len, con
     return out
 
 
-def paged_case(heads, kv_heads, dim, block_size, query_lens, context_lens, seed=0):
-    """A pool whose unwritten slots hold NaN, random tables, and the kernel's and the reference's outputs."""
+def paged_case(heads, kv_heads, dim, block_size, query_lens, context_lens, seed=0, kv_dtype=torch.float32):
+    """A pool whose unwritten slots hold NaN, random tables, and the kernel's and the reference's outputs; with
+    `kv_dtype`, the pool is stored in that format (an int8 row of NaN gets a NaN scale) and the reference reads it
+    dequantized. Also returns the reference over the float32 values before they were stored."""
     generator = torch.Generator().manual_seed(seed)
     num_blocks = 64
     k_cache = torch.full((kv_heads, num_blocks * block_size, dim), float("nan"))
@@ -61,9 +64,12 @@ def paged_case(heads, kv_heads, dim, block_size, query_lens, context_lens, seed=
     lens = torch.tensor(context_lens)
     scale = 1 / math.sqrt(dim)
     out = torch.full_like(q, -7.0)
-    cpu_kernels.paged_attention(q, k_cache, v_cache, tables, query_start, query_len, lens, block_size, scale, out)
-    expected = reference_attention(q, k_cache, v_cache, tables, query_start, query_len, lens, block_size, scale)
-    return out, expected
+    k_pool, v_pool = to_cache(k_cache, kv_dtype), to_cache(v_cache, kv_dtype)
+    cpu_kernels.paged_attention(q, k_pool, v_pool, tables, query_start, query_len, lens, block_size, scale, out)
+    expected = reference_attention(q, from_cache(k_pool, torch.float32), from_cache(v_pool, torch.float32), tables,
+                                   query_start, query_len, lens, block_size, scale)
+    exact = reference_attention(q, k_cache, v_cache, tables, query_start, query_len, lens, block_size, scale)
+    return out, expected, exact
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim", [(8, 4, 64), (8, 8, 32), (4, 1, 128), (6, 2, 24)])
@@ -73,10 +79,70 @@ def test_paged_attention_matches_reference_and_never_reads_unwritten_slots(heads
     """Decode rows and multi-token chunks over a cached prefix (as speculative verification and chunked prefill
     tails send them, up to 32 tokens); every slot no sequence wrote is NaN, so any read past a causal limit
     would show."""
-    out, expected = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 32],
+    out, expected, _ = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 32],
                                context_lens=[1, 40, 17, 61, 33])
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, expected, atol=ATOL, rtol=1e-4)
+
+
+# How far attention over a pool of each format may be from attention over the float32 values it stored.
+STORED_TOLERANCE = {torch.bfloat16: 2e-2, torch.int8: 5e-2}
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(8, 4, 64), (4, 1, 128), (6, 2, 24)])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_paged_attention_reads_int8_and_bfloat16_pools_in_place(kv_dtype, heads, kv_heads, dim, block_size,
+                                                                kernel_level):
+    """Over a pool stored as int8 rows with their scale (or bfloat16), the kernel equals attention on the
+    dequantized pool (tight: only the order of float sums differs) and stays near attention on the float32 values
+    (loose: the format's rounding); unwritten rows are NaN (int8: a NaN scale) and must never be read."""
+    out, expected, exact = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 32],
+                                      context_lens=[1, 40, 17, 61, 33], kv_dtype=kv_dtype)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(out, exact, atol=STORED_TOLERANCE[kv_dtype], rtol=0)
+    assert not torch.equal(expected, exact)  # the format really rounds
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.bfloat16])
+@pytest.mark.parametrize("dim", [64, 24])
+def test_store_kv_writes_the_pools_format_bit_for_bit(kv_dtype, dim, kernel_level):
+    """The kernel's KV store and the torch paths' (model/kv_format.py) write the same bytes: int8 values rounded to
+    nearest even from x / scale with their float32 scale max|x| / 127 after them (a zero row: scale 0), bfloat16
+    rounded to nearest even; a row read back is within half a step of what was stored."""
+    generator = torch.Generator().manual_seed(dim)
+    k = torch.randn(6, 2, dim, generator=generator) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 1.0, 1.0])[:, None, None]
+    k[3] = 0.0
+    k[4, 0, :4] = torch.tensor([0.5, 1.5, -2.5, 127.0])  # ties that round to even at a scale of 1
+    v = torch.randn(6, 2, dim, generator=generator)
+    width = dim + 4 if kv_dtype == torch.int8 else dim
+    k_cache, v_cache = torch.zeros(2, 20, width, dtype=kv_dtype), torch.zeros(2, 20, width, dtype=kv_dtype)
+    slots = torch.tensor([3, 17, 18, 19, 0, 7])
+    cpu_kernels.store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache[:, slots], to_cache(k, kv_dtype).transpose(0, 1))
+    assert torch.equal(v_cache[:, slots], to_cache(v, kv_dtype).transpose(0, 1))
+    read = from_cache(k_cache[:, slots], torch.float32).transpose(0, 1)
+    if kv_dtype == torch.int8:
+        scales = k_cache[:, slots, dim:].contiguous().view(torch.float32).transpose(0, 1)
+        assert torch.equal(scales, k.abs().amax(-1, keepdim=True) / 127)
+        assert (read - k).abs().le(scales / 2 * (1 + 1e-5)).all()
+        assert k_cache[0, slots[4], :4].tolist() == [0, 2, -2, 127]
+        assert (k_cache[:, slots[3]] == 0).all()
+    else:
+        assert torch.equal(read, k.to(torch.bfloat16).float())
+
+
+def test_the_kernels_refuse_a_pool_of_another_format():
+    q, k = torch.zeros(1, 1, 16), torch.zeros(1, 1, 16)
+    tables, one = torch.tensor([[0]], dtype=torch.int32), torch.tensor([1])
+    for pool, message in ((torch.zeros(1, 16, 16, dtype=torch.int8), "holds 20 elements"),
+                          (torch.zeros(1, 16, 16, dtype=torch.float16), "float32, bfloat16 or int8")):
+        with pytest.raises(RuntimeError, match=message):
+            cpu_kernels.paged_attention(q, pool, pool.clone(), tables, torch.tensor([0]), one, one, 16, 1.0,
+                                        torch.zeros(1, 1, 16))
+        with pytest.raises(RuntimeError, match=message):
+            cpu_kernels.store_kv(k, k, pool, pool.clone(), torch.tensor([0]))
 
 
 def test_paged_attention_leaves_rows_of_other_sequences_alone_and_reads_strided_queries():
