@@ -11,7 +11,8 @@ import json
 
 from engine import CHOICES, choice_note, unavailable_reason
 
-RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "batching", "speculative")
+RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "kv_cache_dtype", "batching",
+                "speculative")
 GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
 TP_CHOICES = [1, 2, 4, 8]
 DROPDOWN_CHOICES = {"gqa": GQA_CHOICES, "tensor_parallel_size": TP_CHOICES}
@@ -22,6 +23,7 @@ HELP = {
     "quantization": "weight-only quantization level",
     "attention": "attention kernel over the KV cache",
     "kv_layout": "paged blocks, or one contiguous slab per sequence",
+    "kv_cache_dtype": "KV cache precision: what the cache stores (auto = the model's dtype)",
     "batching": "continuous: join and leave every step; static: whole batches",
     "speculative": "propose tokens cheaply, verify them in one pass",
     "gqa": "native heads, MHA, or a number of KV heads (GQA/MQA)",

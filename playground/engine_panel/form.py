@@ -18,7 +18,7 @@ from playground.shared.values import parse_flag, parse_int, parse_number, parse_
 
 # Every control of the engine panel, in the order the UI passes them to `apply` and `check`.
 FORM_FIELDS = (
-    "model", "custom_model", "backend", "device", "dtype", "quantization", "attention", "kv_layout",
+    "model", "custom_model", "backend", "device", "dtype", "quantization", "attention", "kv_layout", "kv_cache_dtype",
     "block_size", "prefix_caching", "kv_cache_mib", "batching", "max_num_seqs", "max_num_batched_tokens",
     "max_model_len", "kv_memory_fraction", "speculative", "draft_model", "num_speculative_tokens", "gqa",
     "tensor_parallel_size", "seed", "cuda_graphs", "cpu_kernels",
@@ -74,6 +74,7 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
         "quantization": _choice("quantization", values["quantization"]),
         "attention": _choice("attention", values["attention"]),
         "kv_layout": _choice("kv_layout", values["kv_layout"]),
+        "kv_cache_dtype": _choice("kv_cache_dtype", values["kv_cache_dtype"]),
         "block_size": parse_int("block_size", values["block_size"], 1, 1024),
         "prefix_caching": parse_flag("prefix_caching", values["prefix_caching"]),
         "kv_cache_bytes": int(kv_mib * MIB) if kv_mib > 0 else None,

@@ -32,7 +32,8 @@ PROGRESS_REFRESH_S = 0.25
 APPLY_OUTPUTS = ("header", "status", "apply", "check", "session", "pool", "examples", *FORM_FIELDS)
 # Fields that only matter while speculative decoding is on.
 SPECULATIVE_FIELDS = ("draft_model", "num_speculative_tokens")
-PUBLIC_INFO = ("model", "backend", "attention", "dtype", "device", "num_params", "vocab_size", "max_model_len")
+PUBLIC_INFO = ("model", "backend", "attention", "dtype", "kv_cache_dtype", "device", "num_params", "vocab_size",
+               "max_model_len")
 
 
 class PanelHandlers:

@@ -54,6 +54,7 @@ def _controls(panel: PanelHandlers) -> dict:
             controls[field_name] = _radio(field_name, form[field_name])
     with gr.Accordion("KV cache", open=True, elem_classes=["group"]):
         controls["kv_layout"] = _radio("kv_layout", form["kv_layout"])
+        controls["kv_cache_dtype"] = _radio("kv_cache_dtype", form["kv_cache_dtype"])
         controls["block_size"] = gr.Dropdown(BLOCK_SIZES, value=form["block_size"], label="block_size",
                                              info="tokens per KV block", elem_id="ctl-block_size", elem_classes=["ctl"])
         controls["prefix_caching"] = gr.Checkbox(value=form["prefix_caching"], label="prefix_caching",

@@ -45,6 +45,8 @@ def config_summary(config: EngineConfig, info: EngineInfo | None = None) -> str:
     attention = info.attention if info else config.attention
     parts.append(f"attention {attention}")
     parts.append(_kv_summary(config, backend))
+    if config.kv_cache_dtype != "auto":
+        parts.append(f"KV {config.kv_cache_dtype}")
     if config.kv_cache_bytes and not (backend == "hf" and config.batching == "static"):
         parts.append(f"KV budget {format_bytes(config.kv_cache_bytes)}")
     batching = config.batching
@@ -72,6 +74,8 @@ def config_tag(config: EngineConfig, info: EngineInfo | None = None) -> str:
         return f"{model_label(config.model)} · hf · {batching} ×{config.max_num_seqs}"
     kv = "contiguous" if config.kv_layout == "contiguous" else (
         f"paged/{config.block_size}" + ("+prefix" if config.prefix_caching else ""))
+    if config.kv_cache_dtype != "auto":
+        kv += f" {config.kv_cache_dtype}"
     parts = [model_label(config.model), backend, kv, f"{config.batching} ×{config.max_num_seqs}"]
     if config.speculative != "off":
         parts.append(f"spec {config.speculative} k={config.num_speculative_tokens}")

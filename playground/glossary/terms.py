@@ -50,6 +50,12 @@ TOGGLES = {
                        "sequence grows) or contiguous (max_model_len slots reserved per sequence up front).",
                        "paging wastes almost nothing, so more sequences fit; contiguous is simpler and "
                        "reserves memory that most sequences never use."),
+    "kv_cache_dtype": Entry("kv_cache_dtype", "KV cache precision: what the KV cache stores: the model's dtype "
+                            "(auto), float32, bfloat16, or int8 values with a float32 scale per token and head "
+                            "(68 bytes per 64 values). The CPU kernel reads it in place; the PyTorch paths "
+                            "dequantize the blocks they gather.", "int8 holds 3.8x the tokens of float32 in the same "
+                            "memory and attention reads 4x fewer bytes; the rounding moves perplexity a little "
+                            "(watch it)."),
     "block_size": Entry("block_size", "Tokens per KV block of the paged cache.", "small blocks waste less at "
                         "each sequence's end and share prefixes more finely; large blocks mean fewer table "
                         "entries and longer contiguous reads."),

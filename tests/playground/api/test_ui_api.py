@@ -74,15 +74,16 @@ def test_the_engine_apply_loads_reports_exactly_the_panels_values(running_app):
     """Fails if the playground built its usual paged 32-sequence engine whatever the panel said."""
     app, api = running_app.app, client(running_app)
     asked = dict(kv_layout="paged", block_size=8, prefix_caching=False, kv_cache_mib=4, batching="static",
-                 max_num_seqs=3, max_num_batched_tokens=96, max_model_len=192, seed=5)
+                 max_num_seqs=3, max_num_batched_tokens=96, max_model_len=192, seed=5, kv_cache_dtype="int8")
     _, resolved, _ = apply(api, app, **asked)
     engine = loaded_engine(app, app.validate({**app.default_config.to_dict(),
                                               **{k: v for k, v in asked.items() if k != "kv_cache_mib"},
                                               "kv_cache_bytes": 4 * 2**20}))
     reported = engine.config.to_dict()
     for field in ("kv_layout", "block_size", "prefix_caching", "batching", "max_num_seqs", "max_num_batched_tokens",
-                  "max_model_len", "seed"):
+                  "max_model_len", "seed", "kv_cache_dtype"):
         assert reported[field] == asked[field] == resolved[field], field
+    assert engine.info.kv_cache_dtype == "int8"
     stats = engine.stats()
     assert stats.kv_block_size == 8 and 2 * 2**20 < stats.kv_cache_bytes <= 4 * 2**20
     _, resolved, _ = apply(api, app, kv_layout="contiguous", prefix_caching=False, max_num_seqs=2, max_model_len=128)

@@ -14,7 +14,8 @@ from playground.shared.settings import Settings
 
 def test_form_round_trips_every_field_of_a_configuration():
     config = EngineConfig(kv_layout="contiguous", prefix_caching=False, block_size=32, kv_cache_bytes=64 * 2**20,
-                          max_num_batched_tokens=512, max_model_len=256, seed=7, batching="static").to_dict()
+                          max_num_batched_tokens=512, max_model_len=256, seed=7, batching="static",
+                          kv_cache_dtype="int8").to_dict()
     form = config_to_form(config, ["demo"])
     assert set(form) == set(FORM_FIELDS)
     assert parse_form(form, extras_of(config)) == config
@@ -26,6 +27,7 @@ def test_form_round_trips_every_field_of_a_configuration():
     ("block_size", None, "number"), ("backend", ["native"], "one of"), ("dtype", "float64", "one of"),
     ("prefix_caching", "yes", "true or false"), ("model", 12, "text"), ("custom_model", "x" * 400, "longer"),
     ("seed", 2**64, "between"), ("gqa", "some", "number"), ("max_model_len", 1, "at least 2"),
+    ("kv_cache_dtype", "fp8", "one of"),
 ])
 def test_form_refuses_what_no_control_can_produce(field, value, message):
     form = config_to_form(EngineConfig().to_dict(), ["demo"])

@@ -8,6 +8,8 @@ import pytest
 from engine import EngineConfig, ModelLoadError, hub_repo, plan_engine
 from playground.app import create_playground
 from playground.engine_panel.availability import availability_note, hub_cache_bytes, hub_cache_state, needs_download
+from playground.engine_panel.choices import RADIO_FIELDS, help_line
+from playground.engine_panel.form import config_to_form, parse_form
 from playground.engine_panel.handlers import PanelHandlers
 from playground.engine_panel.plan_preview import apply_preview, plan_summary
 from playground.shared.settings import Settings
@@ -70,3 +72,20 @@ def test_a_hub_model_not_in_the_local_cache_is_named_not_downloaded(tmp_path, mo
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelLoadError, match="not in the local cache"):  # offline, Apply could not fetch it either
         apply_preview(config)
+
+
+def test_the_kv_cache_precision_control_sets_the_field_the_plan_sizes_the_pool_by(tiny_llama_dir):
+    """The panel's kv_cache_dtype radio becomes the configuration's field, and the check line shows the pool Apply
+    would allocate: int8 rows (16 values and a 4-byte scale here) hold 3.2x the blocks of float32's 64 bytes."""
+    assert "kv_cache_dtype" in RADIO_FIELDS
+    assert "3.8x the tokens" in help_line("kv_cache_dtype", "int8")
+    form = config_to_form(EngineConfig(model=tiny_llama_dir, kv_cache_bytes=2**20).to_dict(), [])
+    lines = {}
+    for value in ("auto", "int8"):
+        config = EngineConfig.from_dict(parse_form({**form, "kv_cache_dtype": value}, {}))
+        assert config.kv_cache_dtype == value
+        lines[value] = apply_preview(config)
+    assert "float32)" in lines["auto"] and "int8)" in lines["int8"]
+    blocks = {value: int(line.split(" KV blocks")[0].split(" · ")[-1].replace(",", ""))
+              for value, line in lines.items()}
+    assert blocks["int8"] == 2**20 // (2 * 2 * 2 * 20 * 16) and blocks["auto"] == 2**20 // (2 * 2 * 2 * 64 * 16)

@@ -37,6 +37,9 @@ def test_configuration_summaries_say_what_each_backend_really_does():
     hf_continuous = EngineConfig(backend="hf")
     assert "transformers paged KV/16 + block sharing" in config_summary(hf_continuous, engine_info(backend="hf"))
     assert config_tag(hf_static) == "demo · hf · generate static ×1"
+    int8_kv = EngineConfig(kv_cache_dtype="int8")
+    assert "paged KV/16 + prefix cache · KV int8" in config_summary(int8_kv, engine_info(kv_cache_dtype="int8"))
+    assert config_tag(int8_kv) == "demo · auto · paged/16+prefix int8 · continuous ×32"
 
 
 def test_engine_wide_charts_draw_this_sessions_requests_apart():
