@@ -183,12 +183,15 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
                                     spec.intermediate_size)
     if reason:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
-    check_level(config.quantization, dtype)
+    level = check_level(config.quantization, dtype)
     draft = _plan_draft(config, path, hf_config, download) if config.speculative == "draft" else None
     max_model_len = _native_max_model_len(config, spec, *([draft.spec] if draft else []))
     kernels, kernels_notice = _cpu_kernels(config, device, dtype)
     if kernels_notice:
         notices.append(kernels_notice)
+    if level is not None and level.engine_kernels and not kernels:
+        raise ConfigError(f"quantization={config.quantization!r} is computed by the engine's CPU kernels, which this "
+                          f"configuration does not run ({kernels_notice or 'cpu_kernels is off'})")
     attention = _native_attention(config, device, dtype, kernels)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
     size = config.tensor_parallel_size
@@ -218,7 +221,7 @@ def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, dev
     prequantized = prequantized_method(hf_config)
     if prequantized:
         check_prequantized(prequantized, device, config.quantization)
-    check_level(config.quantization, dtype)
+    check_level(config.quantization, dtype, backend="hf")
     text = hf_config.get_text_config()
     limit = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
     max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
