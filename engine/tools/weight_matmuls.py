@@ -82,7 +82,7 @@ def measure(model: str, repeats: int) -> list[dict]:
             for _ in range(repeats + 1):  # the first round warms up and is dropped
                 for name, layers in forms.items():
                     started = time.perf_counter()
-                    for layer, x in zip(layers, inputs):
+                    for layer, x in zip(layers, inputs, strict=True):
                         layer(x)
                     samples[name].append(time.perf_counter() - started)
             medians = {name: statistics.median(times[1:]) for name, times in samples.items()}
