@@ -221,6 +221,10 @@ class EngineConfig:
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
+        level = QUANT_LEVELS.get(self.quantization)
+        if self.backend == "hf" and level is not None and level.hf_config is None:
+            raise ConfigError(f"quantization={self.quantization!r} runs in the native engine only: transformers has "
+                              "no quantization config for it, so the hf baseline cannot load the same level")
         if self.backend == "hf" and self.gqa != "native":
             raise ConfigError("GQA conversion (gqa) runs in the native engine only; the hf baseline serves the "
                               "checkpoint's own heads")

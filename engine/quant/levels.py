@@ -1,11 +1,12 @@
 """The quantization levels: what each is, which library computes it, where it runs, what it costs.
 
 A level is plain data plus functions from its library's adapter (`bnb_levels`, `quanto_levels`,
-`torchao_levels`): build the library's quantized linear module from a loaded full-precision
-weight, the bytes that module will hold (packed storage plus scales, known before loading, for
-`estimate_memory`), and the `transformers` quantization config that gives the hf baseline the
-same level. Nothing here imports a quantization library, so `engine.config` can list the levels
-and say which are available without loading any of them.
+`torchao_levels`, `sparsity`): build the library's quantized linear module from a loaded
+full-precision weight, the bytes that module will hold (packed storage plus scales, known before
+loading, for `estimate_memory`), and the `transformers` quantization config that gives the hf
+baseline the same level (None where transformers has none: the level is native-only). Nothing here
+imports a quantization library, so `engine.config` can list the levels and say which are available
+without loading any of them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from engine.quant import bnb_levels, quanto_levels, torchao_levels
+from engine.quant import bnb_levels, quanto_levels, sparsity, torchao_levels
 
 
 @dataclass(frozen=True)
@@ -29,15 +30,19 @@ class QuantLevel:
     library: str                      # the pip package, as the UI names it
     module: str                       # its import name, to tell whether it is installed
     summary: str
-    make_linear: Callable[[torch.Tensor, str], nn.Module]    # (loaded weight, device) -> quantized module
+    make_linear: Callable[[torch.Tensor, str], nn.Module] | None  # (loaded weight, device) -> quantized module
     storage_bytes: Callable[[int, int, torch.dtype, str], int]  # (out, in, dtype, device) -> bytes held
-    hf_config: Callable[[torch.dtype], object]               # model dtype -> transformers quantization config
+    hf_config: Callable[[torch.dtype], object] | None        # model dtype -> transformers quantization config
     devices: tuple[str, ...] = ("cpu", "cuda")
     device_reason: str = ""           # why it cannot run on the devices it lacks
     dtypes: tuple[torch.dtype, ...] | None = None            # compute dtypes it accepts (None: any)
     shape_problem: Callable[[int, int, torch.dtype, str], str | None] = field(
         default=lambda out_features, in_features, dtype, device: None)
     slow_on: tuple[tuple[str, str], ...] = ()                # (device, note shown beside the choice)
+    # (layer name, out, in) of one rank's linear layers, dtype, device -> a plan notice, e.g. which stay dense
+    # device -> the level's own LinearMethod, for a level that is not a library module over a staged weight
+    method: Callable[[str], object] | None = None
+    plan_notice: Callable[[list[tuple[str, int, int]], torch.dtype, str], str | None] | None = None
 
     def installed(self) -> bool:
         return importlib.util.find_spec(self.module) is not None
@@ -85,4 +90,11 @@ LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
                torchao_levels.make_int4, torchao_levels.int4_bytes, torchao_levels.hf_int4,
                devices=("cuda",), device_reason="torchao's int4 weight-only kernel (tinygemm) runs only on a CUDA GPU",
                dtypes=(torch.bfloat16,), shape_problem=torchao_levels.int4_shape_problem),
+    QuantLevel("sparse-2:4", sparsity.LIBRARY, sparsity.MODULE,
+               "2:4 sparsity: the 2 largest of every 4 input weights kept (magnitude pruning, no retraining); "
+               "semi-structured sparse kernels on a CUDA GPU (compute capability 8.0+, float16/bfloat16)",
+               None, sparsity.storage_bytes, None, method=sparsity.SparseLinearMethod,
+               slow_on=(("cpu", "no speedup on CPU: the pruned weights stay dense with half the entries zero, "
+                                "so float32's bytes and speed, only the quality cost"),),
+               plan_notice=sparsity.plan_notice),
 )}

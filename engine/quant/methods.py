@@ -72,5 +72,5 @@ def linear_method_factory(quantization: str, device: str, dtype: torch.dtype) ->
     level = check_level(quantization, dtype)
     if level is None:
         return lambda prefix: UnquantizedLinearMethod()
-    method = QuantizedLinearMethod(level, device)
+    method = level.method(device) if level.method else QuantizedLinearMethod(level, device)
     return lambda prefix: method
