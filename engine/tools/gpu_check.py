@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from engine.hub import PROJECT_ROOT
+from engine.tools.measure import agreement
 
 RESULTS_FILE = PROJECT_ROOT / "assets" / "results" / "gpu_check.json"
 EQUALITY_PROMPTS = 8
@@ -110,19 +111,6 @@ def native_greedy(path: str, prompts: list[list[int]], max_new_tokens: int, dtyp
     if errors:
         raise RuntimeError(errors[0])
     return [o.token_ids for o in outputs]
-
-
-def agreement(expected: list[list[int]], got: list[list[int]]) -> dict:
-    """Exact sequences, and the share of tokens generated before each sequence first diverges."""
-    total = sum(len(e) for e in expected)
-    prefix = 0
-    for e, g in zip(expected, got, strict=True):
-        for a, b in zip(e, g, strict=False):
-            if a != b:
-                break
-            prefix += 1
-    exact = sum(e == g for e, g in zip(expected, got, strict=True))
-    return {"exact_sequences": exact, "sequences": len(expected), "agreeing_token_fraction": prefix / total}
 
 
 def check_equality(name: str, path: str, device: str = "cuda") -> list[dict]:
