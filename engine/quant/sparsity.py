@@ -66,7 +66,7 @@ def dense_reason(out_features: int, in_features: int, dtype: torch.dtype, device
     return None
 
 
-def _semi_structured(weight: torch.Tensor) -> torch.Tensor:
+def semi_structured(weight: torch.Tensor) -> torch.Tensor:
     """torch's compressed form, by cuSPARSELt where this build has it, else CUTLASS (as `_FORCE_CUTLASS` picks,
     without setting that process-wide flag)."""
     from torch.sparse import to_sparse_semi_structured
@@ -95,7 +95,7 @@ class SparseLinearMethod(UnquantizedLinearMethod):
     def process_weights_after_loading(self, layer: LinearBase) -> None:
         pruned = prune_2_4(layer.weight.data)
         if layer.semi_structured:
-            layer.weight = nn.Parameter(_semi_structured(pruned.contiguous()), requires_grad=False)
+            layer.weight = nn.Parameter(semi_structured(pruned.contiguous()), requires_grad=False)
         else:
             layer.weight.data.copy_(pruned)  # in place: the weight keeps its huge pages
 

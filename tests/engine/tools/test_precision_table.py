@@ -105,3 +105,16 @@ def test_gpu_check_leaves_out_the_levels_it_is_told_to_skip():
     assert demo_skipped == [row for row in demo if row.get("quantization") not in skipped] != demo
     assert decode_skipped == [row for row in decode if row["quantization"] not in skipped] != decode
     assert {"gqa": 1} in demo_skipped and {"quantization": "none"} in decode_skipped
+
+
+def test_gpu_check_times_every_prefill_gemm_of_the_decode_model_on_the_sparse_kernels(monkeypatch):
+    """`make gpu-check`'s 2:4 GEMMs: the 1.7B model's four fused layers, each a shape the sparse kernels take (so
+    none is skipped on the GPU for a reason a CPU could have caught)."""
+    from engine.quant.sparsity import dense_reason
+    from engine.tools.gpu_check import DECODE_MODEL, decode_model_gemms
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    gemms = decode_model_gemms()
+    assert gemms["gate_up_proj"] == (2 * DECODE_MODEL["intermediate_size"], DECODE_MODEL["hidden_size"])
+    assert gemms["qkv_proj"] == (4096 + 2 * 1024, 4096)
+    assert all(dense_reason(out, inputs, torch.bfloat16, "cuda") is None for out, inputs in gemms.values())
