@@ -211,6 +211,10 @@ def _cell(key: str, value) -> str:
         return f"{value / 1e6:.2f}"
     if key.endswith("ratio"):
         return f"{value:.2f}x"
+    if key == "kl_vs_none":
+        return f"{value:.4f}"
+    if key.endswith("agreement"):
+        return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
     return str(value)
