@@ -94,6 +94,11 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
             return level.device_reason
         if not level.installed():
             return f"the {level.library} package is not installed"
+        if level.engine_kernels:
+            from engine.model import cpu_kernels
+
+            if not cpu_kernels.is_built():
+                return cpu_kernels.NOT_BUILT
     if field_name == "tensor_parallel_size":
         return tensor_parallel_reason(value, device)
     return None
@@ -221,10 +226,6 @@ class EngineConfig:
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
-        level = QUANT_LEVELS.get(self.quantization)
-        if self.backend == "hf" and level is not None and level.hf_config is None:
-            raise ConfigError(f"quantization={self.quantization!r} runs in the native engine only: transformers has "
-                              "no quantization config for it, so the hf baseline cannot load the same level")
         if self.backend == "hf" and self.gqa != "native":
             raise ConfigError("GQA conversion (gqa) runs in the native engine only; the hf baseline serves the "
                               "checkpoint's own heads")

@@ -29,6 +29,7 @@ from engine.model.linear import LinearBase
 from engine.model.parallel import ParallelContext
 from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec, checkpoint_architecture
 from engine.quant.checkpoint import check_prequantized, prequantized_method
+from engine.quant.levels import QuantLevel
 from engine.quant.methods import check_level
 from engine.runner.build import kv_block_bytes, meta_model
 from engine.runner.kv_cache import bytes_per_block
@@ -185,7 +186,8 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
                                     spec.intermediate_size)
     if reason:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
-    level_notice = _level_notice(config, spec, dtype, device)
+    level = check_level(config.quantization, dtype)
+    level_notice = _level_notice(level, config, spec, dtype, device)
     if level_notice:
         notices.append(level_notice)
     draft = _plan_draft(config, path, hf_config, download) if config.speculative == "draft" else None
@@ -193,6 +195,9 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
     kernels, kernels_notice = _cpu_kernels(config, device, dtype)
     if kernels_notice:
         notices.append(kernels_notice)
+    if level is not None and level.engine_kernels and not kernels:
+        raise ConfigError(f"quantization={config.quantization!r} is computed by the engine's CPU kernels, which this "
+                          f"configuration does not run ({kernels_notice or 'cpu_kernels is off'})")
     attention = _native_attention(config, device, dtype, kernels)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
     size = config.tensor_parallel_size
@@ -217,10 +222,10 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
         vocab_size=spec.vocab_size, spec=spec, draft=draft, notices=tuple(notices))
 
 
-def _level_notice(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, device: str) -> str | None:
+def _level_notice(level: QuantLevel | None, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype,
+                  device: str) -> str | None:
     """The quantization level's word on this model's layers (e.g. which 2:4-pruned weights stay dense), read from
     rank 0's linear layers on the meta device."""
-    level = check_level(config.quantization, dtype)
     if level is None or level.plan_notice is None:
         return None
     model = meta_model(spec, dtype, config.quantization, device, ParallelContext(0, config.tensor_parallel_size))
@@ -234,7 +239,7 @@ def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, dev
     prequantized = prequantized_method(hf_config)
     if prequantized:
         check_prequantized(prequantized, device, config.quantization)
-    check_level(config.quantization, dtype)
+    check_level(config.quantization, dtype, backend="hf")
     text = hf_config.get_text_config()
     limit = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
     max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)

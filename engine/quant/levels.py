@@ -1,12 +1,13 @@
 """The quantization levels: what each is, which library computes it, where it runs, what it costs.
 
 A level is plain data plus functions from its library's adapter (`bnb_levels`, `quanto_levels`,
-`torchao_levels`, `sparsity`): build the library's quantized linear module from a loaded
-full-precision weight, the bytes that module will hold (packed storage plus scales, known before
-loading, for `estimate_memory`), and the `transformers` quantization config that gives the hf
-baseline the same level (None where transformers has none: the level is native-only). Nothing here
-imports a quantization library, so `engine.config` can list the levels and say which are available
-without loading any of them.
+`torchao_levels`, `packed` for the engine's own formats, `sparsity` for 2:4 pruning): build the
+library's quantized linear module from a loaded full-precision weight (or, for 2:4 pruning, a
+linear method of its own), the bytes that module will hold (packed storage plus scales, known
+before loading, for `estimate_memory`), and the `transformers` quantization config that gives the
+hf baseline the same level (None where transformers has none: the engine's own formats and 2:4
+pruning, which only the native backend computes). Nothing here imports a quantization library, so
+`engine.config` can list the levels and say which are available without loading any of them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from engine.quant import bnb_levels, quanto_levels, sparsity, torchao_levels
+from engine.quant import bnb_levels, packed, quanto_levels, sparsity, torchao_levels
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,11 @@ class QuantLevel:
     shape_problem: Callable[[int, int, torch.dtype, str], str | None] = field(
         default=lambda out_features, in_features, dtype, device: None)
     slow_on: tuple[tuple[str, str], ...] = ()                # (device, note shown beside the choice)
-    # (layer name, out, in) of one rank's linear layers, dtype, device -> a plan notice, e.g. which stay dense
+    engine_kernels: bool = False      # computed by the engine's own CPU kernels: native backend, kernels built
+    lm_head_bits: int | None = None   # the LM head packed too, at this many bits (None: left in the model dtype)
     # device -> the level's own LinearMethod, for a level that is not a library module over a staged weight
     method: Callable[[str], object] | None = None
+    # (layer name, out, in) of one rank's linear layers, dtype, device -> a plan notice, e.g. which stay dense
     plan_notice: Callable[[list[tuple[str, int, int]], torch.dtype, str], str | None] | None = None
 
     def installed(self) -> bool:
@@ -49,6 +52,18 @@ class QuantLevel:
 
     def note(self, device: str) -> str | None:
         return dict(self.slow_on).get(device)
+
+
+def _engine_format(bits: int, summary: str) -> QuantLevel:
+    return QuantLevel(f"native-int{bits}", "engine", "torch", summary,
+                      lambda weight, device: packed.PackedLinear(weight, bits), partial(_packed_bytes, bits=bits),
+                      None, devices=("cpu",),
+                      device_reason="the engine's packed formats are computed by its CPU kernels only",
+                      dtypes=(torch.float32,), engine_kernels=True, lm_head_bits=8)
+
+
+def _packed_bytes(out_features: int, in_features: int, dtype: torch.dtype, device: str, bits: int) -> int:
+    return packed.packed_bytes(out_features, in_features, bits)
 
 
 def _bitsandbytes_4bit(quant_type: str, summary: str) -> QuantLevel:
@@ -64,6 +79,11 @@ def _quanto(weights: str, summary: str, storage_bytes, **options) -> QuantLevel:
 
 
 LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
+    _engine_format(8, "int8 weights with a scale per output row, the LM head too; activations quantized to int8 "
+                      "per row on the fly; integer kernels (AVX-512 VNNI, AVX2); embeddings stay float32"),
+    _engine_format(4, "4-bit weights with a scale per 32 inputs (Q4_0-like); the LM head in int8; activations "
+                      "quantized to int8 per row on the fly; integer kernels (AVX-512 VNNI, AVX2); embeddings stay "
+                      "float32"),
     QuantLevel("int8", bnb_levels.LIBRARY, bnb_levels.MODULE,
                "LLM.int8: int8 weights, per-row scales, float16 outlier features",
                bnb_levels.make_int8, bnb_levels.int8_bytes, bnb_levels.hf_int8,

@@ -91,8 +91,8 @@ def test_gpu_bytes_and_notice_follow_what_the_sparse_kernels_take(monkeypatch):
 
 
 def test_the_hf_baseline_is_refused_with_one_clear_error():
-    with pytest.raises(ConfigError, match="sparse-2:4.*native engine only.*transformers"):
-        EngineConfig(model="demo", backend="hf", quantization="sparse-2:4")
+    with pytest.raises(ConfigError, match="sparse-2:4.*native engine only.*transformers cannot load"):
+        plan_engine(EngineConfig(model="demo", backend="hf", quantization="sparse-2:4"))
     assert plan_engine(EngineConfig(**DEMO, quantization="sparse-2:4")).backend == "native"
 
 
