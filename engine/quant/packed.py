@@ -10,9 +10,10 @@ quantized to int8 per row on the fly:
 - 4-bit: nibbles holding q + 8 (q in -8..7), one float32 scale per group of 32 inputs (the largest
   magnitude of a group maps to -8, as llama.cpp's Q4_0 does): 5 bits a weight.
 
-Inputs are padded with zero weights to a multiple of 64, the kernels' chunk. Each 64-input chunk
-of a 4-bit row is 32 bytes: byte j holds input j in its low nibble and input j + 32 in its high
-one, so two masks unpack it into 64 bytes in input order.
+Inputs are padded with zero weights to a multiple of the kernels' chunk: 64 for 8-bit, 128 for
+4-bit. Each 128-input chunk of a 4-bit row is 64 bytes: byte j holds input j in its low nibble
+and input j + 64 in its high one, so one load and two masks unpack it into 128 bytes in input
+order.
 """
 
 from __future__ import annotations
@@ -20,23 +21,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CHUNK = 64
+CHUNK = {8: 64, 4: 128}  # inputs per chunk of each format
 GROUP = 32
 
 
-def padded_inputs(in_features: int) -> int:
-    return -(-in_features // CHUNK) * CHUNK
+def padded_inputs(in_features: int, bits: int) -> int:
+    return -(-in_features // CHUNK[bits]) * CHUNK[bits]
 
 
-def _padded(weight: torch.Tensor) -> torch.Tensor:
+def _padded(weight: torch.Tensor, bits: int) -> torch.Tensor:
     weight = weight.detach().float()
-    extra = padded_inputs(weight.shape[1]) - weight.shape[1]
+    extra = padded_inputs(weight.shape[1], bits) - weight.shape[1]
     return torch.nn.functional.pad(weight, (0, extra)) if extra else weight
 
 
 def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 [out, padded in], float32 scales [out]) of a float weight [out, in]."""
-    weight = _padded(weight)
+    weight = _padded(weight, 8)
     scales = weight.abs().amax(dim=1) / 127
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
     values = torch.round(weight / safe[:, None]).clamp_(-127, 127).to(torch.int8)
@@ -45,14 +46,15 @@ def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def pack_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 [out, padded in / 2], float32 scales [out, padded in / 32]) of a float weight [out, in]."""
-    weight = _padded(weight)
+    weight = _padded(weight, 4)
     out_features, inputs = weight.shape
     groups = weight.view(out_features, inputs // GROUP, GROUP)
     extreme = groups.gather(2, groups.abs().argmax(dim=2, keepdim=True)).squeeze(2)  # signed, largest magnitude
     scales = extreme / -8
     safe = torch.where(scales != 0, scales, torch.ones_like(scales))
     nibbles = (torch.round(groups / safe[..., None]).clamp_(-8, 7) + 8).to(torch.uint8)
-    chunks = nibbles.view(out_features, inputs // CHUNK, 2, GROUP)  # per chunk: inputs 0..31, then 32..63
+    half = CHUNK[4] // 2
+    chunks = nibbles.view(out_features, inputs // CHUNK[4], 2, half)  # per chunk: inputs 0..63, then 64..127
     packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
     return packed.reshape(out_features, inputs // 2).contiguous(), scales.contiguous()
 
@@ -62,7 +64,7 @@ def unpack(packed: torch.Tensor, scales: torch.Tensor, in_features: int) -> torc
     if packed.dtype == torch.int8:
         return (packed.float() * scales[:, None])[:, :in_features]
     out_features = packed.shape[0]
-    chunks = packed.view(out_features, -1, GROUP)
+    chunks = packed.view(out_features, -1, CHUNK[4] // 2)
     nibbles = torch.stack([chunks & 15, chunks >> 4], dim=2).view(out_features, -1, GROUP)
     values = (nibbles.float() - 8) * scales[..., None]
     return values.reshape(out_features, -1)[:, :in_features]
@@ -70,7 +72,7 @@ def unpack(packed: torch.Tensor, scales: torch.Tensor, in_features: int) -> torc
 
 def packed_bytes(out_features: int, in_features: int, bits: int) -> int:
     """Bytes a packed weight and its scales hold."""
-    inputs = padded_inputs(in_features)
+    inputs = padded_inputs(in_features, bits)
     if bits == 8:
         return out_features * inputs + 4 * out_features
     return out_features * inputs // 2 + 4 * out_features * inputs // GROUP
