@@ -79,15 +79,14 @@ class PackedHeadMethod:
 
 
 def check_level(quantization: str, dtype: torch.dtype, backend: str = "native") -> QuantLevel | None:
-    """The level to build (None for `none`), refusing a compute dtype its library does not take, and the engine's
-    own formats on the hf backend (transformers has no config for them)."""
+    """The level to build (None for `none`), refusing a compute dtype its library does not take, and the native-only
+    levels (the engine's own formats, 2:4 pruning) on the hf backend (transformers has no config for them)."""
     if quantization == "none":
         return None
     level = LEVELS[quantization]
     if backend == "hf" and level.hf_config is None:
-        raise ConfigError(f"quantization={quantization!r} is the native engine's own format, which transformers "
-                          "cannot load: use backend='native' (the hf baseline's 8-bit levels are int8 and "
-                          "torchao-int8)")
+        raise ConfigError(f"quantization={quantization!r} runs in the native engine only: transformers cannot load "
+                          "it (it has no quantization config for this level); use backend='native'")
     if level.dtypes is not None and dtype not in level.dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in level.dtypes)
         raise ConfigError(f"quantization={quantization!r} computes in {names}; set dtype accordingly "
@@ -107,5 +106,5 @@ def linear_method_factory(quantization: str, device: str, dtype: torch.dtype) ->
     level = check_level(quantization, dtype)
     if level is None:
         return lambda prefix: UnquantizedLinearMethod()
-    method = QuantizedLinearMethod(level, device)
+    method = level.method(device) if level.method else QuantizedLinearMethod(level, device)
     return lambda prefix: method
