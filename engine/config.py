@@ -100,6 +100,11 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
             return level.device_reason
         if not level.installed():
             return f"the {level.library} package is not installed"
+        if level.engine_kernels:
+            from engine.model import cpu_kernels
+
+            if not cpu_kernels.is_built():
+                return cpu_kernels.NOT_BUILT
     if field_name == "tensor_parallel_size":
         return tensor_parallel_reason(value, device)
     return None

@@ -13,6 +13,8 @@ engine still open when the interpreter exits is closed then.
 `perplexity()` measures the loaded configuration's quality through the backend's own forward
 pass (so quantization and GQA conversion show in it): its windows are scored by the same loop
 thread, one per turn between serving steps, so requests keep being served meanwhile.
+`next_token_log_probs()` hands the caller those same windows' full next-token distributions (to
+compare two configurations position by position); perplexity is computed from them.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from engine.core.metrics import describe_device
 from engine.core.perplexity import (
     DEFAULT_WINDOW,
     HELD_OUT_SOURCE,
-    PerplexityJob,
     PerplexityResult,
+    ScoredWindow,
+    ScoringJob,
     held_out_texts,
+    perplexity_of,
     token_stream,
     token_windows,
 )
@@ -65,6 +69,21 @@ SEED_BITS = 62
 # the interpreter's shutdown, where tearing down a thread still inside torch aborted the process ("terminate called
 # without an active exception", exit status 134).
 _OPEN_ENGINES: weakref.WeakSet = weakref.WeakSet()
+QUIET_TIMEOUT_SECONDS = LOOP_IDLE_EXIT_SECONDS + 1.5
+
+
+def quiet_other_engines(engine: Engine, timeout: float = QUIET_TIMEOUT_SECONDS) -> None:
+    """Wait for every other open engine's loop thread to end idle before `engine` is timed.
+
+    A live thread that ran torch's parallel CPU operators keeps its OpenMP pool, and while another
+    pool lives, libgomp stops spinning between parallel regions: measured on the 2-core machine, a
+    batch-1 decode step of native-int8 random-llama-20m took 1.8 ms instead of 0.9 ms within half a
+    second of another engine's last step. Tools that load several engines (the precision table,
+    Compare) wait here so that each is timed alone.
+    """
+    for other in list(_OPEN_ENGINES):
+        if other is not engine:
+            other.wait_idle(timeout)
 
 
 @atexit.register
@@ -114,7 +133,7 @@ class Engine:
         self._wakeup = threading.Condition()
         self._inbox: list[Request] = []
         self._loop_calls: list[tuple[Callable[[Backend], object], Future]] = []
-        self._perplexity_jobs: deque[PerplexityJob] = deque()
+        self._scoring_jobs: deque[ScoringJob] = deque()
         self._held_out_perplexity: PerplexityResult | None = None
         self._held_out_lock = threading.Lock()
         self._closed = False
@@ -268,11 +287,9 @@ class Engine:
         if texts is None:
             with self._held_out_lock:
                 if self._held_out_perplexity is None:
-                    self._held_out_perplexity = self._measure_perplexity(held_out_texts(), HELD_OUT_SOURCE, progress)
+                    self._held_out_perplexity = self._perplexity(None, progress)
                 return self._held_out_perplexity
-        if not isinstance(texts, list | tuple) or not texts or not all(isinstance(t, str) for t in texts):
-            raise RequestError("perplexity() takes a non-empty list of strings (or None for the held-out text)")
-        return self._measure_perplexity(list(texts), f"{len(texts)} text(s) given by the caller", progress)
+        return self._perplexity(texts, progress)
 
     @property
     def held_out_perplexity(self) -> PerplexityResult | None:
@@ -280,22 +297,49 @@ class Engine:
         dashboard shows without starting the measurement."""
         return self._held_out_perplexity
 
-    def _measure_perplexity(self, texts: list[str], source: str,
-                            progress: Callable[[int, int], None] | None) -> PerplexityResult:
+    def next_token_log_probs(self, texts: list[str] | None = None) -> Iterator[ScoredWindow]:
+        """The next-token log-probabilities over the whole vocabulary at every scored position of `texts` (or of
+        the demo model's held-out text), window by window: the windows and forward pass `perplexity()` uses.
+
+        Each `ScoredWindow` holds its token ids and a [tokens - 1, vocab] float32 tensor; the engine scores the
+        next window only once the caller has taken the last, so memory stays bounded by one or two windows.
+        Scoring starts at the first `next()`; closing the iterator early stops it.
+        """
+        return self._scored(self._scoring_job(texts))
+
+    def _perplexity(self, texts: list[str] | None, progress: Callable[[int, int], None] | None) -> PerplexityResult:
+        job = self._scoring_job(texts)
+        return perplexity_of(self._scored(job), len(job.windows), job.source, progress)
+
+    def _scoring_job(self, texts: list[str] | None) -> ScoringJob:
+        """The windows of `texts` (None: the held-out text) as a job, validated before anything is queued."""
         if self.tokenizer is None:
-            raise RequestError("this model has no tokenizer: perplexity needs text")
+            raise RequestError("this model has no tokenizer: scoring needs text")
+        if texts is None:
+            texts, source = held_out_texts(), HELD_OUT_SOURCE
+        elif not isinstance(texts, list | tuple) or not texts or not all(isinstance(t, str) for t in texts):
+            raise RequestError("pass a non-empty list of strings (or None for the held-out text)")
+        else:
+            source = f"{len(texts)} text(s) given by the caller"
         for index, text in enumerate(texts):
             check_text(text, f"text {index}")
         stream = token_stream([self.tokenizer.encode(text, add_special_tokens=False) for text in texts],
                               self.tokenizer.bos_token_id)
         window = min(DEFAULT_WINDOW, self.config.max_model_len - 1)
-        job = PerplexityJob(token_windows(stream, window), source)
+        return ScoringJob(token_windows(stream, window), source, self._wake_for_scoring)
+
+    def _scored(self, job: ScoringJob) -> Iterator[ScoredWindow]:
         with self._wakeup:
             if self._closed:
                 raise RequestError("the engine is closed")
-            self._perplexity_jobs.append(job)
+            self._scoring_jobs.append(job)
             self._wake_loop()
-        return job.wait(progress)
+        yield from job.results()
+
+    def _wake_for_scoring(self) -> None:
+        with self._wakeup:
+            if not self._closed:
+                self._wake_loop()
 
     def step_history(self, since: float = 0.0) -> list[StepRecord]:
         """The recent steps (oldest first) that ended after `since` (a `time.perf_counter()` value)."""
@@ -324,25 +368,37 @@ class Engine:
     # ---- the loop ------------------------------------------------------------------------------
 
     def _score_next_window(self, backend: Backend) -> None:
-        """Score one window of the oldest perplexity job (between two steps, so serving goes on)."""
-        job = self._perplexity_jobs[0]
+        """Score one window of the oldest scoring job whose caller has room for it (between two steps, so serving
+        goes on); jobs that are finished leave the queue."""
+        while self._scoring_jobs and self._scoring_jobs[0].finished:
+            self._scoring_jobs.popleft()
+        job = next((job for job in self._scoring_jobs if job.wants_window()), None)
+        if job is None:
+            return
         try:
             log_probs = backend.score(job.next_window())
         except Exception as error:  # a failed measurement fails its caller only
-            log.error("perplexity window failed:\n%s", traceback.format_exc())
+            log.error("scoring a window failed:\n%s", traceback.format_exc())
             job.fail(f"{type(error).__name__}: {error}")
         else:
             if log_probs is not None:
                 job.record(log_probs)
             elif not backend.has_work():
-                job.fail("the KV cache cannot hold one perplexity window")
-        if job.done:
-            self._perplexity_jobs.popleft()
+                job.fail("the KV cache cannot hold one scoring window")
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for this engine's loop thread to end idle (it does after
+        `LOOP_IDLE_EXIT_SECONDS` without work); whether it has."""
+        with self._wakeup:
+            loop = self._loop
+        if loop is not None:
+            loop.join(timeout)
+        return loop is None or not loop.is_alive()
 
     def _has_loop_work(self) -> bool:
         """Whether the loop has anything to do (called with `_wakeup` held)."""
-        return bool(self._inbox or self._loop_calls or self._backend.has_work() or self._perplexity_jobs
-                    or self._closed)
+        return bool(self._inbox or self._loop_calls or self._backend.has_work() or self._closed
+                    or any(job.wants_window() for job in self._scoring_jobs))
 
     def _wake_loop(self) -> None:
         """Tell the loop there is work, starting a loop thread if the last one ended idle (`_wakeup` held)."""
@@ -373,7 +429,7 @@ class Engine:
                 if request.cancel_requested:
                     backend.abort(request)
                     request.finish("cancelled")
-            if self._perplexity_jobs:
+            if self._scoring_jobs:
                 self._score_next_window(backend)
             if not backend.has_work():
                 continue
@@ -388,5 +444,5 @@ class Engine:
             request.finish("aborted", "the engine was closed")
         for _, future in self._loop_calls:
             future.set_exception(RequestError("the engine is closed"))
-        for job in self._perplexity_jobs:
+        for job in self._scoring_jobs:
             job.fail("the engine was closed")

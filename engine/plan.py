@@ -25,10 +25,13 @@ from engine.host import flash_attn_available, resolve_device
 from engine.hub import curated_draft, load_hf_config, resolve_model_path
 from engine.model import cpu_kernels
 from engine.model.gqa import convert_spec
+from engine.model.linear import LinearBase
+from engine.model.parallel import ParallelContext
 from engine.model.spec import NATIVE_ARCHITECTURES, ModelSpec, checkpoint_architecture
 from engine.quant.checkpoint import check_prequantized, prequantized_method
+from engine.quant.levels import QuantLevel
 from engine.quant.methods import check_level
-from engine.runner.build import kv_block_bytes
+from engine.runner.build import kv_block_bytes, meta_model
 from engine.runner.kv_cache import bytes_per_block
 from engine.speculative.draft import check_draft
 
@@ -200,12 +203,18 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
                                     spec.intermediate_size)
     if reason:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
-    check_level(config.quantization, dtype)
+    level = check_level(config.quantization, dtype)
+    level_notice = _level_notice(level, config, spec, dtype, device)
+    if level_notice:
+        notices.append(level_notice)
     draft = _plan_draft(config, path, hf_config, download) if config.speculative == "draft" else None
     max_model_len = _native_max_model_len(config, spec, *([draft.spec] if draft else []))
     kernels, kernels_notice = _cpu_kernels(config, device, dtype)
     if kernels_notice:
         notices.append(kernels_notice)
+    if level is not None and level.engine_kernels and not kernels:
+        raise ConfigError(f"quantization={config.quantization!r} is computed by the engine's CPU kernels, which this "
+                          f"configuration does not run ({kernels_notice or 'cpu_kernels is off'})")
     kv_dtype = resolve_kv_dtype(config, dtype)
     attention = _native_attention(config, device, dtype, kv_dtype, kernels)
     block_size = max_model_len if config.kv_layout == "contiguous" else config.block_size
@@ -231,12 +240,24 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
         vocab_size=spec.vocab_size, spec=spec, draft=draft, notices=tuple(notices))
 
 
+def _level_notice(level: QuantLevel | None, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype,
+                  device: str) -> str | None:
+    """The quantization level's word on this model's layers (e.g. which 2:4-pruned weights stay dense), read from
+    rank 0's linear layers on the meta device."""
+    if level is None or level.plan_notice is None:
+        return None
+    model = meta_model(spec, dtype, config.quantization, device, ParallelContext(0, config.tensor_parallel_size))
+    layers = {(module.prefix.rsplit(".", 1)[-1], module.output_size, module.input_size)
+              for module in model.modules() if isinstance(module, LinearBase)}
+    return level.plan_notice(sorted(layers), dtype, device)
+
+
 def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, device: str, dtype: torch.dtype,
              notices: list[str]) -> EnginePlan:
     prequantized = prequantized_method(hf_config)
     if prequantized:
         check_prequantized(prequantized, device, config.quantization)
-    check_level(config.quantization, dtype)
+    check_level(config.quantization, dtype, backend="hf")
     text = hf_config.get_text_config()
     limit = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
     max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)

@@ -63,3 +63,7 @@ class EngineProbe:
         return {"block tables": len(backend.block_manager.tables),
                 "proposal distributions": len(speculator.proposal_probs) if speculator else 0,
                 "draft positions written": len(getattr(speculator.proposer, "written", {})) if speculator else 0}
+
+    def scoring_jobs(self) -> list:
+        """The scoring jobs (perplexity, `next_token_log_probs`) the engine loop holds, oldest first."""
+        return list(self._engine._scoring_jobs)

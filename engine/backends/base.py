@@ -42,9 +42,10 @@ class Backend(Protocol):
         who has its output can already see the step. Requests that finish are taken out."""
 
     def score(self, token_ids: list[int]) -> torch.Tensor | None:
-        """float64 log-probabilities of token_ids[1:], each given the tokens before it, through this backend's
-        own forward pass (the perplexity of the loaded configuration). Called on the loop thread between
-        steps; None when it cannot run now (its KV cache is busy), to be asked again after a step."""
+        """The next-token log-distribution over the vocabulary after each of token_ids[:-1] ([len - 1, vocab],
+        float32 on the CPU), through this backend's own forward pass (the perplexity of the loaded configuration
+        and the comparison of two). Called on the loop thread between steps; None when it cannot run now (its KV
+        cache is busy), to be asked again after a step."""
 
     def stats(self) -> EngineStats:
         """Current figures."""
@@ -56,8 +57,6 @@ class Backend(Protocol):
         """Free the model, the KV cache and any thread or process; the backend is unusable after."""
 
 
-def token_log_probs(logits: torch.Tensor, targets: list[int]) -> torch.Tensor:
-    """log p(target) under each row of `logits` ([len(targets), vocab]), in float64 on the CPU."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    index = torch.tensor(targets, device=logits.device).unsqueeze(1)
-    return log_probs.gather(1, index).squeeze(1).double().cpu()
+def next_token_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Each row of `logits` ([positions, vocab]) as a log-distribution over the vocabulary, float32 on the CPU."""
+    return torch.log_softmax(logits.float(), dim=-1).cpu()

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.backends.base import token_log_probs
+from engine.backends.base import next_token_log_probs
 from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.errors import ModelLoadError
@@ -341,10 +341,10 @@ class HFBackend:
         return None
 
     def score(self, token_ids: list[int]) -> torch.Tensor:
-        """Log-probabilities of token_ids[1:] from one transformers forward pass over the window."""
+        """Next-token log-probabilities after each of token_ids[:-1], from one transformers forward pass."""
         with torch.no_grad():  # not inference_mode, as in `_generate_batch`
             logits = self.model(input_ids=torch.tensor([token_ids], device=self.device)).logits[0, :-1]
-        return token_log_probs(logits, token_ids[1:])
+        return next_token_log_probs(logits)
 
     def stats(self) -> EngineStats:
         cache = self._cb_cache()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.backends.base import token_log_probs
+from engine.backends.base import next_token_log_probs
 from engine.core.block_manager import BlockManager
 from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
@@ -222,7 +222,7 @@ class NativeBackend:
             request.finish("error", f"{type(error).__name__}: {error}")
 
     def score(self, token_ids: list[int]) -> torch.Tensor | None:
-        """Log-probabilities of token_ids[1:] given what precedes each, by one prefill of the whole window.
+        """Next-token log-probabilities after each of token_ids[:-1], by one prefill of the whole window.
 
         The window's K/V goes to fresh blocks (never the prefix cache), freed right after; None when
         the running requests hold too many blocks for it now.
@@ -235,7 +235,7 @@ class NativeBackend:
             logits = self.executor.execute(StepPlan([SequenceChunk(list(token_ids), 0, table, len(token_ids))]))
         finally:
             manager.free(SCORING_SEQUENCE_ID)
-        return token_log_probs(logits[:-1], token_ids[1:])
+        return next_token_log_probs(logits[:-1])
 
     def stats(self) -> EngineStats:
         """Figures of both KV pools together (a draft's blocks are allocated alongside the target's), with

@@ -3,8 +3,10 @@
 The stream is built as the demo model's training program builds its held-out stream (each text
 led by the BOS token, concatenated) and cut into windows of `window + 1` tokens that overlap by
 one, so every token after the first is predicted exactly once, from at most `window` tokens of
-context. A `PerplexityJob` is one such computation in progress: the engine loop scores its
-windows one per turn between serving steps, and the caller waits on the job (and sees progress).
+context. A `ScoringJob` is one pass over such windows: the engine loop scores them one per turn
+between serving steps and the caller reads each window's next-token log-probabilities as they come
+(bounded: the loop waits while a scored window is still unread). Perplexity is computed from those
+same log-probabilities (`perplexity_of`), so it cannot disagree with what a caller reads.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from engine.errors import EngineError, RequestError
 
@@ -52,33 +57,59 @@ def token_windows(stream: list[int], window: int) -> list[list[int]]:
     return [stream[start:start + window + 1] for start in range(0, len(stream) - 1, window)]
 
 
-class PerplexityJob:
-    """Windows still to score and the loss so far; scored by the engine loop, waited on by the caller."""
+@dataclass(frozen=True)
+class ScoredWindow:
+    """One window through the engine's forward pass: row i of `log_probs` ([len(token_ids) - 1, vocab], float32,
+    on the CPU) is the log-distribution over the vocabulary of the token after token_ids[:i + 1]."""
 
-    def __init__(self, windows: list[list[int]], source: str):
+    token_ids: list[int]
+    log_probs: torch.Tensor
+
+    def target_log_probs(self) -> torch.Tensor:
+        """float64 log-probabilities of the tokens that did come next (token_ids[1:])."""
+        index = torch.tensor(self.token_ids[1:]).unsqueeze(1)
+        return self.log_probs.gather(1, index).squeeze(1).double()
+
+
+class ScoringJob:
+    """Windows scored by the engine loop, one per turn, and handed to the caller in order.
+
+    At most `AHEAD` scored windows wait for the caller: the loop scores the next one only when there is
+    room, so a caller reading windows of [positions, vocab] log-probabilities holds a bounded number of
+    them however long the text. `wake` tells the loop that room was made (the caller took a window).
+    """
+
+    AHEAD = 1
+
+    def __init__(self, windows: list[list[int]], source: str, wake: Callable[[], None]):
         if not windows:
-            raise RequestError("the text is too short to measure perplexity (it needs at least two tokens)")
+            raise RequestError("the text is too short to score (it needs at least two tokens)")
         self.windows = windows
         self.source = source
         self.next_index = 0
-        self.nll_sum = 0.0
-        self.tokens = 0
         self.error: str | None = None
-        self.started = time.perf_counter()
+        self.closed = False
+        self._wake = wake
+        self._ready: deque[torch.Tensor] = deque()
         self._changed = threading.Condition()
 
     @property
-    def done(self) -> bool:
-        return self.error is not None or self.next_index == len(self.windows)
+    def finished(self) -> bool:
+        """Nothing more for the loop to do: every window scored, failed, or the caller gone."""
+        return self.error is not None or self.closed or self.next_index == len(self.windows)
+
+    def wants_window(self) -> bool:
+        """Whether the loop should score the next window now."""
+        return not self.finished and len(self._ready) < self.AHEAD
 
     def next_window(self) -> list[int]:
         return self.windows[self.next_index]
 
-    def record(self, log_probs) -> None:
-        """Add one scored window (`log_probs` of its predicted tokens); called by the engine loop."""
+    def record(self, log_probs: torch.Tensor) -> None:
+        """Hand over one scored window (its [positions, vocab] log-probabilities); called by the engine loop."""
         with self._changed:
-            self.nll_sum -= float(log_probs.sum())
-            self.tokens += len(log_probs)
+            if not self.closed:
+                self._ready.append(log_probs)
             self.next_index += 1
             self._changed.notify_all()
 
@@ -87,22 +118,55 @@ class PerplexityJob:
             self.error = message
             self._changed.notify_all()
 
-    def wait(self, progress: Callable[[int, int], None] | None = None) -> PerplexityResult:
-        """Block until every window is scored; `progress(done, total)` runs in the caller's thread."""
-        reported = -1
-        while True:
+    def results(self) -> Iterator[ScoredWindow]:
+        """Every window in order as the loop scores it; closing this iterator early stops the scoring."""
+        try:
+            for window in self.windows:
+                with self._changed:
+                    while not self._ready and self.error is None:
+                        self._changed.wait()
+                    if self.error is not None:
+                        raise EngineError(f"scoring failed: {self.error}")
+                    log_probs = self._ready.popleft()
+                self._wake()
+                yield ScoredWindow(window, log_probs)
+        finally:
             with self._changed:
-                while self.next_index == reported and not self.done:
-                    self._changed.wait()
-                scored, finished = self.next_index, self.done
-            if progress is not None and scored != reported:
-                progress(scored, len(self.windows))
-            reported = scored
-            if finished:
-                break
-        if self.error is not None:
-            raise EngineError(f"perplexity failed: {self.error}")
-        mean_nll = self.nll_sum / self.tokens
-        return PerplexityResult(perplexity=math.exp(mean_nll), mean_nll=mean_nll, tokens=self.tokens,
-                                windows=len(self.windows), seconds=time.perf_counter() - self.started,
-                                source=self.source)
+                self.closed = True
+                self._ready.clear()
+
+
+class NextTokenLoss:
+    """The running sum of next-token losses over scored windows: what perplexity is the exp of the mean of."""
+
+    def __init__(self):
+        self.nll_sum = 0.0
+        self.tokens = 0
+
+    def add(self, window: ScoredWindow) -> None:
+        target = window.target_log_probs()
+        self.nll_sum -= float(target.sum())
+        self.tokens += len(target)
+
+    @property
+    def mean_nll(self) -> float:
+        return self.nll_sum / self.tokens
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.mean_nll)
+
+
+def perplexity_of(windows: Iterable[ScoredWindow], total: int, source: str,
+                  progress: Callable[[int, int], None] | None = None) -> PerplexityResult:
+    """exp of the mean next-token loss over `total` scored windows; `progress(done, total)` as each arrives."""
+    started = time.perf_counter()
+    loss = NextTokenLoss()
+    if progress is not None:
+        progress(0, total)
+    for done, window in enumerate(windows, start=1):
+        loss.add(window)
+        if progress is not None:
+            progress(done, total)
+    return PerplexityResult(perplexity=loss.perplexity, mean_nll=loss.mean_nll, tokens=loss.tokens, windows=total,
+                            seconds=time.perf_counter() - started, source=source)

@@ -31,6 +31,9 @@ CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-Wno-psabi"]
 LDFLAGS = ["-fopenmp"]
 OPS = "playground_cpu"
 NOT_BUILT = "the engine's CPU kernels are not built for this source and torch (run `make kernels`)"
+# Runs the kernels at a lower x86-64 level than the CPU's best (e.g. "avx2" on an AVX-512 machine), to measure what a
+# CPU without the better level would get from the same code; read once, when the library loads.
+KERNEL_LEVEL_ENV = "PLAYGROUND_KERNEL_LEVEL"
 
 
 def sources() -> list[Path]:
@@ -85,6 +88,11 @@ def unavailable_reason() -> str | None:
         return NOT_BUILT
     torch.ops.load_library(str(path))
     _loaded = path
+    level = os.environ.get(KERNEL_LEVEL_ENV)
+    if level:
+        if level not in kernel_levels():
+            raise RuntimeError(f"{KERNEL_LEVEL_ENV}={level!r}: this CPU runs the kernels at {kernel_levels()}")
+        use_kernel_level(level)
     return None
 
 

@@ -11,7 +11,8 @@ in one call; the embedding and the LM head stay in Python. `greedy_proposals` go
 further for a greedy draft: several decode steps, each fed the previous one's argmax, in one call.
 
 It applies only where those kernels are what the layers would run: a float32 model on a CPU with
-the kernels loaded, one tensor-parallel rank, unquantized linear layers, the `cpu-kernel` attention.
+the kernels loaded, one tensor-parallel rank, linear layers in float32 or in the engine's packed
+formats (`native-int8`, `native-int4`), the `cpu-kernel` attention.
 """
 
 from __future__ import annotations
@@ -22,16 +23,39 @@ from engine.model.attention import CpuPagedAttention, StepBatch
 from engine.model.linear import UnquantizedLinearMethod
 from engine.model.llama import LlamaForCausalLM
 from engine.model.matmul import SMALL_BATCH_MAX_ROWS
+from engine.quant.packed import PackedLinear
+
+
+def _weight_and_scales(linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear layer's weight as `decode_layers` takes it: float32 with no scales, or packed with its scales."""
+    packed = getattr(linear, "quantized", None)
+    if isinstance(packed, PackedLinear):
+        return packed.packed, packed.scales
+    return linear.weight, None
 
 
 def _layer_tensors(layer) -> list[torch.Tensor | None]:
-    """The ten tensors `decode_layers` takes per layer, in its order (None where the model has none)."""
-    attention = layer.self_attn
-    return [layer.input_layernorm.weight, attention.qkv_proj.weight, attention.qkv_proj.bias,
+    """The fourteen tensors `decode_layers` takes per layer, in its order (None where the model has none): norms,
+    weights and biases, then the four linear layers' scales (None for float32 weights)."""
+    attention, mlp = layer.self_attn, layer.mlp
+    linears = (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    (qkv, qkv_scales), (out, out_scales), (gate_up, gate_up_scales), (down, down_scales) = (
+        _weight_and_scales(linear) for linear in linears)
+    return [layer.input_layernorm.weight, qkv, attention.qkv_proj.bias,
             attention.q_norm.weight if attention.qk_norm else None,
             attention.k_norm.weight if attention.qk_norm else None,
-            attention.o_proj.weight, attention.o_proj.bias, layer.post_attention_layernorm.weight,
-            layer.mlp.gate_up_proj.weight, layer.mlp.down_proj.weight]
+            out, attention.o_proj.bias, layer.post_attention_layernorm.weight, gate_up, down,
+            qkv_scales, out_scales, gate_up_scales, down_scales]
+
+
+def _kernel_linear(linear) -> bool:
+    """Whether `decode_layers` computes this layer as the model would: the small-batch kernel on a float32 weight,
+    or the packed kernel on one of the engine's formats."""
+    if linear.parallel.size != 1:
+        return False
+    if isinstance(linear.method, UnquantizedLinearMethod):
+        return linear.matmul_plan.small_batch_kernel
+    return isinstance(getattr(linear, "quantized", None), PackedLinear)
 
 
 def supports_fused_decode(model: LlamaForCausalLM) -> bool:
@@ -41,8 +65,7 @@ def supports_fused_decode(model: LlamaForCausalLM) -> bool:
                                                layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     norms = [model.model.norm] + [n for layer in layers for n in (layer.input_layernorm,
                                                                   layer.post_attention_layernorm)]
-    return (all(isinstance(m.method, UnquantizedLinearMethod) and m.matmul_plan.small_batch_kernel
-                and m.parallel.size == 1 for m in linears)
+    return (all(_kernel_linear(m) for m in linears)
             and all(n.fused for n in norms) and all(layer.self_attn.fused and layer.mlp.fused for layer in layers)
             and all(isinstance(layer.self_attn.attention, CpuPagedAttention) for layer in layers))
 
@@ -85,7 +108,7 @@ class FusedDecode:
         the LM head on the small-batch kernel (what `compute_logits` runs for up to 8 rows)."""
         model = self.model
         return (model.lm_head.parallel.size == 1 and model.model.embed_tokens.parallel.size == 1
-                and model.lm_head.matmul_plan.small_batch_kernel)
+                and model.lm_head.method is None and model.lm_head.matmul_plan.small_batch_kernel)
 
     def greedy_proposals(self, chunk_tokens: torch.Tensor, chunk_positions: torch.Tensor, chunk_lens: torch.Tensor,
                          steps: torch.Tensor, block_tables: torch.Tensor, kv_caches, vocab_limit: int) -> torch.Tensor:

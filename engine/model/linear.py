@@ -68,7 +68,8 @@ class BuildContext:
     `linear_method` picks the method for a layer from its qualified name (e.g.
     "model.layers.0.mlp.down_proj"), so a quantization level can leave some layers unquantized.
     `cpu_kernels`: compute with the engine's C++ CPU kernels (model/cpu_kernels.py); only set for a
-    float32 model on a CPU with the library loaded.
+    float32 model on a CPU with the library loaded. `lm_head_method`, when set, makes the method that
+    stores and multiplies the LM head's weight (a level that packs the head as well).
     """
 
     dtype: torch.dtype
@@ -76,6 +77,7 @@ class BuildContext:
     parallel: ParallelContext = SINGLE_PROCESS
     linear_method: Callable[[str], LinearMethod] = field(default=lambda prefix: UnquantizedLinearMethod())
     cpu_kernels: bool = False
+    lm_head_method: Callable[[], LinearMethod] | None = None
 
 
 def _check_shape(param: torch.Tensor, loaded: torch.Tensor) -> None:
@@ -278,12 +280,22 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits for this rank's vocabulary rows, gathered into the full vocabulary on every rank."""
+    """Logits for this rank's vocabulary rows, gathered into the full vocabulary on every rank.
+
+    With a `method` (a level that packs the head), the method computes them from its own copy of the
+    weight, made once the checkpoint is loaded; `tied_to_embedding` tells it whether the float weight
+    must stay for the embedding lookups.
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int, build: BuildContext):
         super().__init__(vocab_size, hidden_size, build)
         self.matmul_plan = plan_matmul(self.rows, hidden_size, build.dtype, build.device, build.cpu_kernels)
+        self.method = build.lm_head_method() if build.lm_head_method else None
+        self.tied_to_embedding = False
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.parallel.all_gather_last_dim(matmul.linear(self.matmul_plan, hidden, self.weight, None))
-        return logits[..., :self.vocab_size].float()
+        if self.method is not None:
+            local = self.method.apply(self, hidden, None)
+        else:
+            local = matmul.linear(self.matmul_plan, hidden, self.weight, None)
+        return self.parallel.all_gather_last_dim(local)[..., :self.vocab_size].float()

@@ -122,6 +122,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(spec.vocab_size, spec.hidden_size, build)
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head.tied_to_embedding = True
         self.rope_cos = cos.to(build.device)
         self.rope_sin = sin.to(build.device)
 

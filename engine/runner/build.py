@@ -25,7 +25,7 @@ from engine.model.parallel import SINGLE_PROCESS, ParallelContext
 from engine.model.rotary import rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.weights import load_weights
-from engine.quant.methods import linear_method_factory
+from engine.quant.methods import linear_method_factory, lm_head_method_factory
 from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
@@ -79,7 +79,8 @@ def meta_model(spec: ModelSpec, dtype: torch.dtype, quantization: str, device: s
                parallel: ParallelContext = SINGLE_PROCESS) -> LlamaForCausalLM:
     """The native model of `spec` (one rank's shard with `parallel`) on the meta device: shapes and the storage its
     quantization level plans (`device` says for which device), no memory."""
-    build = BuildContext(dtype, "meta", parallel, linear_method=linear_method_factory(quantization, device, dtype))
+    build = BuildContext(dtype, "meta", parallel, linear_method=linear_method_factory(quantization, device, dtype),
+                         lm_head_method=lm_head_method_factory(quantization))
     no_rope = torch.empty(0)
     return LlamaForCausalLM(spec, None, build, no_rope, no_rope)
 
@@ -94,6 +95,7 @@ def build_runner(settings: RunnerSettings, parallel: ParallelContext = SINGLE_PR
     attention = make_attention(settings.attention, spec.head_dim, settings.block_size)
     build = BuildContext(settings.dtype, settings.device, parallel,
                          linear_method=linear_method_factory(settings.quantization, settings.device, settings.dtype),
+                         lm_head_method=lm_head_method_factory(settings.quantization),
                          cpu_kernels=settings.cpu_kernels)
     model = build_native_model(spec, settings.hf_config, Path(settings.path), build, attention,
                                settings.max_model_len)

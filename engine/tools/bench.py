@@ -53,6 +53,11 @@ RANDOM_MODELS = {
     "random-llama-20m": dict(vocab_size=8192, hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    # SmolLM2-135M's shape (30 layers, hidden 576, 540 MB in float32): a model beyond the CPU's cache, whose decode
+    # steps read their weights from memory.
+    "random-smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                                rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
 }
 RANDOM_MODEL_SEED = 0
 RATIO_KEYS = ["output_throughput", "request_throughput", "request_goodput", "total_token_throughput", "mean_ttft_ms",

@@ -19,6 +19,9 @@
    level that runs there (bitsandbytes int8/nf4/fp4 on CUDA, quanto, torchao int8 and int4) and per
    KV head count; then batch-1 decode of a 1.7B-parameter random Llama in bfloat16 against its
    4-bit levels (nf4, torchao-int4), where reading fewer weight bytes per token should win.
+6. 2:4 sparsity: the four prefill GEMMs of that 1.7B model's layers (QKV, O, gate/up, down) over 2048 tokens
+   in bfloat16, the dense weight against its 2:4-pruned semi-structured form (`sparse-2:4`): times,
+   speedup, and the sparse product's largest difference from the dense pruned one.
 
 Needs only torch, transformers, safetensors and tokenizers (flash-attn optional). Results go to
 assets/results/gpu_check.json (rewritten after each section) and stdout. Exits with status 2 without
@@ -35,11 +38,13 @@ import sys
 import tempfile
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from engine.hub import PROJECT_ROOT
+from engine.tools.measure import agreement
 
 RESULTS_FILE = PROJECT_ROOT / "assets" / "results" / "gpu_check.json"
 EQUALITY_PROMPTS = 8
@@ -62,6 +67,8 @@ BFLOAT16_SLACK = 0.8  # share of transformers' own bfloat16 agreement with float
 DECODE_MODEL = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=8,
                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)
 DECODE_LEVELS = ["none", "nf4", "int8", "torchao-int4", "torchao-int8", "quanto-int4"]
+SPARSE_PREFILL_TOKENS = 2048
+SPARSE_TOLERANCE = 0.05  # largest |sparse - dense pruned| over the output's largest magnitude, bfloat16 rounding
 SPEC_LAYERS = 12
 SPEC_DRAFT_LAYERS = 2
 SPEC_LATER_LAYER_SCALE = 0.05
@@ -110,19 +117,6 @@ def native_greedy(path: str, prompts: list[list[int]], max_new_tokens: int, dtyp
     if errors:
         raise RuntimeError(errors[0])
     return [o.token_ids for o in outputs]
-
-
-def agreement(expected: list[list[int]], got: list[list[int]]) -> dict:
-    """Exact sequences, and the share of tokens generated before each sequence first diverges."""
-    total = sum(len(e) for e in expected)
-    prefix = 0
-    for e, g in zip(expected, got, strict=True):
-        for a, b in zip(e, g, strict=False):
-            if a != b:
-                break
-            prefix += 1
-    exact = sum(e == g for e, g in zip(expected, got, strict=True))
-    return {"exact_sequences": exact, "sequences": len(expected), "agreeing_token_fraction": prefix / total}
 
 
 def check_equality(name: str, path: str, device: str = "cuda") -> list[dict]:
@@ -285,6 +279,55 @@ def check_precision(decode_folder: Path, skipped_levels: set[str]) -> dict:
                 if bf16 else None)}
 
 
+def decode_model_gemms() -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear layer of the 1.7B decode model, as the native engine fuses them."""
+    hidden, heads, kv_heads = (DECODE_MODEL[key] for key in ("hidden_size", "num_attention_heads",
+                                                              "num_key_value_heads"))
+    head_dim = hidden // heads
+    return {"qkv_proj": ((heads + 2 * kv_heads) * head_dim, hidden), "o_proj": (hidden, heads * head_dim),
+            "gate_up_proj": (2 * DECODE_MODEL["intermediate_size"], hidden),
+            "down_proj": (hidden, DECODE_MODEL["intermediate_size"])}
+
+
+def _gpu_ms(call) -> float:
+    from torch.utils.benchmark import Timer
+
+    return Timer("call(); torch.cuda.synchronize()", globals={"call": call, "torch": torch}).blocked_autorange(
+        min_run_time=0.5).median * 1e3
+
+
+def check_sparse_gemms(tokens: int = SPARSE_PREFILL_TOKENS) -> list[dict]:
+    """Each prefill GEMM of the 1.7B model, dense bfloat16 against its 2:4 semi-structured form."""
+    import torch.nn.functional as F
+
+    from engine.quant.sparsity import dense_reason, prune_2_4, semi_structured
+
+    rows = []
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for layer, (out_features, in_features) in decode_model_gemms().items():
+        row = {"layer": layer, "out": out_features, "in": in_features, "tokens": tokens}
+        try:
+            reason = dense_reason(out_features, in_features, torch.bfloat16, "cuda")
+            if reason:
+                raise RuntimeError(f"the sparse kernels do not take this layer: {reason}")
+            weight = prune_2_4(torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16,
+                                           generator=generator) * 0.02)
+            x = torch.randn(tokens, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
+            sparse = semi_structured(weight)
+            dense_out, sparse_out = F.linear(x, weight), F.linear(x, sparse)
+            row["max_error"] = float((sparse_out - dense_out).abs().max() / dense_out.abs().max())
+            row["dense_ms"] = _gpu_ms(partial(F.linear, x, weight))
+            row["sparse_ms"] = _gpu_ms(partial(F.linear, x, sparse))
+            row["speedup"] = row["dense_ms"] / row["sparse_ms"]
+            row["passed"] = row["max_error"] <= SPARSE_TOLERANCE
+        except Exception as error:
+            row.update({"passed": False, "error": f"{type(error).__name__}: {error}",
+                        "traceback": traceback.format_exc(limit=5)})
+        print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+        rows.append(row)
+    return rows
+
+
 def build_speculative_pair(folder: Path) -> tuple[str, str]:
     """A random 12-layer Llama (~200M parameters, 32k vocabulary) and its first two layers as a draft."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -361,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     report = {"device": describe_device(), "torch": torch.__version__, "flash_attn": flash_available(),
-              "equality": [], "throughput": [], "tensor_parallel": {}, "speculative": []}
+              "equality": [], "throughput": [], "tensor_parallel": {}, "speculative": [], "sparse_gemms": []}
     import transformers
 
     report["transformers"] = transformers.__version__
@@ -386,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
             write_report(report, args.output, started)
         if not args.skip_precision:
             report["precision"] = check_precision(Path(tmp) / "decode", skipped_levels)
+            write_report(report, args.output, started)
+        report["sparse_gemms"] = check_sparse_gemms()
     report["complete"] = True
     write_report(report, args.output, started)
     print(f"wrote {args.output} in {report['seconds']} s: {'PASSED' if report['passed'] else 'FAILED'}")
@@ -407,6 +452,7 @@ def passed(report: dict) -> bool:
             and all(r["passed"] for r in report["equality"])
             and all("error" not in r and not r.get("errors") for r in report["throughput"] + report["speculative"])
             and report["tensor_parallel"].get("passed", False)
+            and all(r["passed"] for r in report.get("sparse_gemms", []))
             and all("error" not in r for r in precision_rows))
 
 

@@ -20,6 +20,7 @@ import torch
 
 from engine.core.metrics import describe_device, summarize
 from engine.core.request import RequestOutput
+from engine.engine import quiet_other_engines
 from engine.hub import PROJECT_ROOT
 from engine.info import EngineStats
 from engine.sampling_params import SamplingParams
@@ -47,6 +48,7 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
     the requests in flight are cancelled; an unsent request's output is None. `on_output(index,
     output)` is called (on a worker thread) as each request finishes.
     """
+    quiet_other_engines(engine)
     outputs: list = [None] * len(requests)
     submitted: list[float] = []
     completed: list[float] = []
@@ -223,3 +225,16 @@ def bench_report(result: dict, spec: WorkloadSpec, concurrency: int, temperature
         workload["request_rate"] = str(spec.request_rate)
     return {**result, "preset": preset, "workload": workload, "device_name": describe_device(),
             "torch_threads": torch.get_num_threads(), "source_revision": source_revision()}
+
+
+def agreement(expected: list[list[int]], got: list[list[int]]) -> dict:
+    """Exact sequences, and the share of tokens generated before each sequence first diverges."""
+    total = sum(len(e) for e in expected)
+    prefix = 0
+    for e, g in zip(expected, got, strict=True):
+        for a, b in zip(e, g, strict=False):
+            if a != b:
+                break
+            prefix += 1
+    exact = sum(e == g for e, g in zip(expected, got, strict=True))
+    return {"exact_sequences": exact, "sequences": len(expected), "agreeing_token_fraction": prefix / total}

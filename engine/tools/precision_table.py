@@ -1,12 +1,17 @@
 """`python -m engine.precision_table`: what each quantization level and GQA setting costs and buys, one process.
 
 One row per quantization level available on the device (and `none`), then one per KV head count
-the model converts to (the demo target: 8, 4, 2, 1). Every row's engine is loaded with the same
+the model converts to (the demo target: 8, 4, 2, 1), then one per KV cache dtype other than the
+default where the configuration has that field. Every row's engine is loaded with the same
 `kv_cache_bytes`, then all are timed round-robin on the same requests (median over `--rounds`),
 so a burst of load on a shared machine hits every row alike: weights bytes (packed storage plus
 scales), KV bytes per token, the KV blocks that fit, batch-1 TTFT and TPOT (requests sent one at a
-time), output throughput with `--concurrency` requests in flight, and perplexity on the demo
-model's held-out text. `make gpu-check` produces the same table on a GPU.
+time), output throughput with `--concurrency` requests in flight. Quality, on the demo model's
+held-out text, in one pass over every row together: perplexity, and against the `quantization=none`
+row position by position the mean KL(p_none || p_row) of the next-token distribution and the share
+of positions whose most likely token agrees; plus the share of the batch-1 requests' greedy tokens
+generated before each first differs from the `none` row's. `make gpu-check` produces the same
+table on a GPU.
 
     python -m engine.precision_table --model demo --json assets/results/cpu/precision.json
 """
@@ -14,6 +19,7 @@ model's held-out text. `make gpu-check` produces the same table on a GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -23,9 +29,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from engine.config import EngineConfig, unavailable_reason
+from engine.config import CHOICES, EngineConfig, unavailable_reason
 from engine.core.metrics import describe_device, summarize
+from engine.core.perplexity import NextTokenLoss
 from engine.errors import EngineError
 from engine.host import resolve_device
 from engine.hub import load_hf_config, resolve_model_path
@@ -34,30 +42,41 @@ from engine.model.spec import ModelSpec
 from engine.overrides import parse_sets, parse_value
 from engine.quant.levels import LEVELS
 from engine.tools.bench import resolve_bench_model
-from engine.tools.measure import send, source_revision
+from engine.tools.measure import agreement, send, source_revision
 from engine.tools.workloads import WorkloadSpec, build_workload, warmup_workload
 
 COLUMNS = [("row", "row"), ("weights_bytes", "weights MB"), ("weights_ratio", "x none"),
            ("kv_bytes_per_token", "KV B/token"), ("kv_blocks", "blocks"), ("batch1_ttft_ms", "b1 TTFT ms"),
            ("batch1_tpot_ms", "b1 TPOT ms"), ("batch1_tpot_ratio", "TPOT x none"),
            ("concurrent_output_throughput", "tok/s @N"), ("throughput_ratio", "tok/s x none"),
-           ("perplexity", "held-out ppl")]
+           ("perplexity", "held-out ppl"), ("kl_vs_none", "KL vs none"), ("top1_agreement", "top-1 agree"),
+           ("greedy_agreement", "greedy agree")]
+KV_DTYPE_FIELD = "kv_cache_dtype"  # absent from configurations that predate it: then no KV dtype rows
 
 
 def default_rows(model: str, device: str) -> list[dict]:
-    """Every level that can run on `device`, then every KV head count the checkpoint converts to."""
+    """Every level that can run on `device`, every KV head count the checkpoint converts to, every KV dtype."""
     spec = ModelSpec.from_hf_config(load_hf_config(resolve_model_path(model)))
     rows = [{"quantization": name} for name in ["none", *LEVELS]
             if unavailable_reason("quantization", name, device) is None]
     rows += [{"gqa": heads} for heads in sorted(kv_head_options(spec.num_heads, spec.num_kv_heads), reverse=True)]
-    return rows
+    return rows + kv_dtype_rows(device)
+
+
+def kv_dtype_rows(device: str) -> list[dict]:
+    """One row per KV cache dtype the configuration offers besides "auto" and its default, usable on `device`."""
+    default = next((field.default for field in dataclasses.fields(EngineConfig) if field.name == KV_DTYPE_FIELD),
+                   "auto")
+    return [{KV_DTYPE_FIELD: value} for value in CHOICES.get(KV_DTYPE_FIELD, [])
+            if value not in ("auto", default) and unavailable_reason(KV_DTYPE_FIELD, value, device) is None]
 
 
 def row_label(changes: dict) -> str:
     return ", ".join(f"{key}={value}" for key, value in changes.items())
 
 
-def _timed_run(engine, spec: WorkloadSpec, concurrency: int, warm_up: bool) -> dict:
+def _timed_run(engine, spec: WorkloadSpec, concurrency: int, warm_up: bool) -> tuple[dict, list[list[int]]]:
+    """The run's summary and each request's greedy tokens."""
     vocab = engine.info.vocab_size
     if warm_up:
         send(engine, warmup_workload(spec, vocab), concurrency, 0.0, True, spec.seed)
@@ -65,7 +84,7 @@ def _timed_run(engine, spec: WorkloadSpec, concurrency: int, warm_up: bool) -> d
     failed = [o.error for o in outputs if o.finish_reason == "error"]
     if failed:
         raise EngineError(f"{len(failed)} request(s) failed, e.g. {failed[0]}")
-    return summarize([o.metrics for o in outputs], duration)
+    return summarize([o.metrics for o in outputs], duration), [o.token_ids for o in outputs]
 
 
 def _load_row(base: dict, changes: dict) -> tuple[object, dict]:
@@ -88,8 +107,9 @@ def _speed_rounds(engines: dict, results: list[dict], batch1: WorkloadSpec, conc
     for round_index in range(rounds):
         for index, engine in list(engines.items()):
             try:
-                samples[index].append((_timed_run(engine, batch1, 1, round_index == 0),
-                                       _timed_run(engine, concurrent, concurrency, round_index == 0)))
+                single, greedy = _timed_run(engine, batch1, 1, round_index == 0)
+                samples[index].append((single, _timed_run(engine, concurrent, concurrency, round_index == 0)[0]))
+                results[index]["greedy_tokens"] = greedy
             except Exception as error:  # one broken level must not lose the other rows' measurements
                 results[index]["error"] = f"{type(error).__name__}: {error}"
                 engines.pop(index).close()
@@ -102,23 +122,61 @@ def _speed_rounds(engines: dict, results: list[dict], batch1: WorkloadSpec, conc
             "concurrent_mean_ttft_ms": statistics.median(m["mean_ttft_ms"] for m in many), "rounds": rounds})
 
 
+def reference_index(rows: list[dict]) -> int | None:
+    """The `quantization=none` row every other row is compared with, unless it failed."""
+    return next((index for index, row in enumerate(rows) if row.get("quantization") == "none" and "error" not in row),
+                None)
+
+
 def add_ratios(rows: list[dict]) -> None:
-    """Each row against the `quantization=none` row measured in the same run."""
-    base = next((row for row in rows if row.get("quantization") == "none" and "error" not in row), None)
-    if base is None:
+    """Each row against the `quantization=none` row measured in the same run: speed, bytes, greedy tokens."""
+    reference = reference_index(rows)
+    if reference is None:
         return
+    base = rows[reference]
     for row in rows:
         if "error" in row:
             continue
         row["weights_ratio"] = row["weights_bytes"] / base["weights_bytes"]
         row["batch1_tpot_ratio"] = row["batch1_tpot_ms"] / base["batch1_tpot_ms"]
         row["throughput_ratio"] = row["concurrent_output_throughput"] / base["concurrent_output_throughput"]
+        row["greedy_agreement"] = agreement(base["greedy_tokens"], row["greedy_tokens"])["agreeing_token_fraction"]
+
+
+def held_out_quality(engines: dict, reference: int | None) -> dict[int, dict]:
+    """Perplexity of every row, and against the reference row the mean KL(p_ref || p_row) over the held-out
+    positions and the share whose most likely next token agrees; one pass over every row together, so only one
+    window of [positions, vocab] log-probabilities per row is held at a time and the reference is scored once."""
+    streams = {index: engine.next_token_log_probs() for index, engine in engines.items()}
+    losses = {index: NextTokenLoss() for index in engines}
+    kl = dict.fromkeys(engines, 0.0)
+    agree = dict.fromkeys(engines, 0)
+    positions = 0
+    for windows in zip(*streams.values(), strict=True):
+        scored = dict(zip(streams, windows, strict=True))
+        for index, window in scored.items():
+            losses[index].add(window)
+        if reference not in scored:
+            continue
+        base = scored[reference].log_probs.double()
+        base_top = base.argmax(-1)
+        positions += len(base)
+        for index, window in scored.items():
+            row = window.log_probs.double()
+            kl[index] += float(F.kl_div(row, base, log_target=True, reduction="sum"))
+            agree[index] += int((row.argmax(-1) == base_top).sum())
+    figures = {index: {"perplexity": loss.perplexity, "perplexity_tokens": loss.tokens}
+               for index, loss in losses.items()}
+    if positions:
+        for index in engines:
+            figures[index].update(kl_vs_none=kl[index] / positions, top1_agreement=agree[index] / positions)
+    return figures
 
 
 def measure_rows(base: dict, rows: list[dict], batch1: WorkloadSpec, concurrent: WorkloadSpec,
                  concurrency: int, rounds: int = 3) -> list[dict]:
-    """Load every row, time them round-robin (medians over `rounds`), then measure each one's perplexity (when
-    the model has a tokenizer: a checkpoint of token ids alone has no text to score).
+    """Load every row, time them round-robin (medians over `rounds`), then measure their quality on the held-out
+    text together (when the model has a tokenizer: a checkpoint of token ids alone has no text to score).
 
     A row that fails to load or run records its error and the table goes on.
     """
@@ -132,17 +190,17 @@ def measure_rows(base: dict, rows: list[dict], batch1: WorkloadSpec, concurrent:
             except Exception as error:
                 results[index]["error"] = f"{type(error).__name__}: {error}"
         _speed_rounds(engines, results, batch1, concurrent, concurrency, rounds)
-        for index, engine in engines.items():
-            if engine.tokenizer is not None:
-                quality = engine.perplexity()
-                results[index].update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
-                                       "perplexity_seconds": quality.seconds})
-            print(format_row(results[index]), flush=True)
+        scored = {index: engine for index, engine in engines.items() if engine.tokenizer is not None}
+        reference = reference_index(results)
+        for index, figures in held_out_quality(scored, reference if reference in scored else None).items():
+            results[index].update(figures)
     finally:
         for engine in engines.values():
             engine.close()
         gc.collect()
     add_ratios(results)
+    for row in results:
+        print(format_row(row), flush=True)
     return results
 
 
@@ -153,6 +211,10 @@ def _cell(key: str, value) -> str:
         return f"{value / 1e6:.2f}"
     if key.endswith("ratio"):
         return f"{value:.2f}x"
+    if key == "kl_vs_none":
+        return f"{value:.4f}"
+    if key.endswith("agreement"):
+        return f"{value:.3f}"
     if isinstance(value, float):
         return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
     return str(value)

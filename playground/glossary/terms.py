@@ -41,8 +41,10 @@ TOGGLES = {
                    "bfloat16 on a GPU, float32 on a CPU).", "half precision halves memory and speeds a GPU up; "
                    "float32 is exact, which the correctness tests use."),
     "quantization": Entry("quantization", "Stores the weights in fewer bits (int8, 4-bit nf4/fp4, ...) and computes "
-                          "with them dequantized or in integer kernels.", "weights take 2-4x less memory; quality "
-                          "can drop a little (watch perplexity) and some levels are slower on a CPU."),
+                          "with them dequantized or in integer kernels.", "weights take 2-6x less memory; quality "
+                          "can drop a little (watch perplexity). On a CPU the engine's own native-int8 and "
+                          "native-int4 decode faster than float32; the library levels are slower there. "
+                          "sparse-2:4 prunes half the weights instead: faster only on a GPU's sparse kernels."),
     "attention": Entry("attention", "The attention kernel that reads the KV cache: the engine's C++ CPU kernel "
                        "(reads paged blocks in place), torch SDPA, textbook eager, or flash-attn on a GPU.",
                        "fused kernels read K/V once and skip padding; eager is the simple reference."),

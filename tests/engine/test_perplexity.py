@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 import torch
@@ -16,8 +17,27 @@ import torch.nn.functional as F
 
 from engine import Engine, EngineConfig, EngineError, RequestError, SamplingParams
 from engine.core.perplexity import held_out_texts
+from engine.testing import EngineProbe
 
 WINDOW = 256
+
+
+def transformers_windows(path: str, texts: list[str]) -> list[tuple[list[int], torch.Tensor]]:
+    """Each window of the stream (BOS before each text) and transformers' next-token log-probabilities over it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    stream = []
+    for text in texts:
+        stream += [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
+    windows = []
+    with torch.no_grad():
+        for start in range(0, len(stream) - 1, WINDOW):
+            window = stream[start:start + WINDOW + 1]
+            logits = model(input_ids=torch.tensor([window[:-1]])).logits[0]
+            windows.append((window, torch.log_softmax(logits, dim=-1)))
+    return windows
 
 
 def transformers_perplexity(path: str, texts: list[str]) -> float:
@@ -125,6 +145,38 @@ def test_hf_backend_measures_the_same_model(tiny_chat_dir):
         with Engine(EngineConfig(model=tiny_chat_dir, backend=backend, dtype="float32")) as engine:
             figures[backend] = engine.perplexity(texts).perplexity
     assert figures["hf"] == pytest.approx(figures["native"], rel=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["native", "hf"])
+def test_next_token_log_probs_are_the_models_distributions(tiny_chat_dir, backend):
+    """Every window's full next-token distribution equals transformers' own, on both backends, and the
+    perplexity is the one those same log-probabilities give."""
+    texts = ["def add(a, b):\n    return a + b", "The engine batches requests together. " * 60]
+    expected = transformers_windows(tiny_chat_dir, texts)
+    with Engine(EngineConfig(model=tiny_chat_dir, backend=backend, dtype="float32")) as engine:
+        windows = list(engine.next_token_log_probs(texts))
+        perplexity = engine.perplexity(texts)
+    assert len(windows) == len(expected) >= 2
+    for window, (ids, log_probs) in zip(windows, expected, strict=True):
+        assert window.token_ids == ids
+        torch.testing.assert_close(window.log_probs, log_probs, rtol=0, atol=1e-4)
+    targets = torch.cat([window.target_log_probs() for window in windows])
+    assert perplexity.perplexity == pytest.approx(math.exp(-targets.mean().item()), rel=1e-12)
+
+
+def test_an_unread_stream_holds_at_most_one_window_ahead(tiny_chat_dir):
+    """The loop scores the next window only once the caller took the last; closing the stream stops the job."""
+    with Engine(EngineConfig(model=tiny_chat_dir, dtype="float32")) as engine:
+        stream = engine.next_token_log_probs(["word " * 5000])
+        next(stream)
+        (job,) = EngineProbe(engine).scoring_jobs()
+        deadline = time.monotonic() + 30
+        while job.next_index < 2 and time.monotonic() < deadline:  # the window read, and one waiting for the caller
+            time.sleep(0.01)
+        time.sleep(0.5)
+        assert job.next_index == 2 and len(job.windows) > 10
+        stream.close()
+        assert job.finished and engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].token_ids
 
 
 def test_bad_texts_get_one_clear_error_and_the_engine_keeps_serving(demo_engine):

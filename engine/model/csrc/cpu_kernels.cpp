@@ -788,8 +788,10 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight, con
 // Sequence n's tokens are rows query_start[n] .. query_start[n] + query_len[n] - 1 (see paged_attention).
 // `layers` holds kLayerTensors entries per layer (see below; absent ones are None); `caches` K then V per layer.
 
-constexpr int64_t kLayerTensors = 10;
-enum LayerTensor { kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kOut, kOutBias, kPostNorm, kGateUp, kDown };
+// A linear layer's scales are None for a float32 weight, or those of a packed one (see packed_linear).
+constexpr int64_t kLayerTensors = 14;
+enum LayerTensor { kInputNorm, kQkv, kQkvBias, kQNorm, kKNorm, kOut, kOutBias, kPostNorm, kGateUp, kDown,
+                   kQkvScales, kOutScales, kGateUpScales, kDownScales };
 
 std::optional<at::Tensor> layer_tensor(const c10::List<std::optional<at::Tensor>>& layers, int64_t layer,
                                        LayerTensor which) {
@@ -799,6 +801,13 @@ std::optional<at::Tensor> layer_tensor(const c10::List<std::optional<at::Tensor>
 at::Tensor required(const std::optional<at::Tensor>& t, const char* name) {
   TORCH_CHECK(t.has_value() && t->defined(), name, " is required");
   return *t;
+}
+
+// One linear layer of decode_layers: its weight in float32, or packed with its scales.
+at::Tensor layer_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& scales,
+                        const std::optional<at::Tensor>& bias) {
+  if (scales.has_value() && scales->defined()) return playground_cpu::packed_linear(x, weight, *scales, bias);
+  return small_batch_linear(x, weight, bias);
 }
 
 at::Tensor decode_layers(const at::Tensor& embedded, const at::Tensor& cos, const at::Tensor& sin,
@@ -816,7 +825,7 @@ at::Tensor decode_layers(const at::Tensor& embedded, const at::Tensor& cos, cons
   for (int64_t l = 0; l < num_layers; ++l) {
     auto get = [&](LayerTensor which) { return layer_tensor(layers, l, which); };
     normed = l == 0 ? rms_norm(hidden, required(get(kInputNorm), "input norm"), eps) : normed;
-    const at::Tensor qkv = small_batch_linear(normed, required(get(kQkv), "qkv weight"), get(kQkvBias));
+    const at::Tensor qkv = layer_linear(normed, required(get(kQkv), "qkv weight"), get(kQkvScales), get(kQkvBias));
     at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
     at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
     const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
@@ -830,12 +839,13 @@ at::Tensor decode_layers(const at::Tensor& embedded, const at::Tensor& cos, cons
     at::Tensor attended = at::empty({tokens, num_heads, head_dim}, qkv.options());
     paged_attention(q, k_cache, v_cache, block_tables, query_start, query_len, context_lens, block_size, scale,
                     attended);
-    const at::Tensor out = small_batch_linear(attended.view({tokens, q_size}), required(get(kOut), "o weight"),
-                                              get(kOutBias));
+    const at::Tensor out = layer_linear(attended.view({tokens, q_size}), required(get(kOut), "o weight"),
+                                        get(kOutScales), get(kOutBias));
     auto [post_normed, residual] = add_rms_norm(out, hidden, required(get(kPostNorm), "post norm"), eps);
-    const at::Tensor mlp = small_batch_linear(silu_mul(small_batch_linear(post_normed, required(get(kGateUp),
-                                              "gate/up weight"), std::nullopt)), required(get(kDown), "down weight"),
-                                              std::nullopt);
+    const at::Tensor gate_up = layer_linear(post_normed, required(get(kGateUp), "gate/up weight"),
+                                            get(kGateUpScales), std::nullopt);
+    const at::Tensor mlp = layer_linear(silu_mul(gate_up), required(get(kDown), "down weight"), get(kDownScales),
+                                        std::nullopt);
     if (l + 1 < num_layers) {  // the next layer's input norm takes this layer's residual sum with it
       std::tie(normed, hidden) = add_rms_norm(mlp, residual, required(layer_tensor(layers, l + 1, kInputNorm),
                                                                        "input norm"), eps);

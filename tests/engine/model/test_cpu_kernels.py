@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +14,7 @@ import torch.nn.functional as F
 from engine.model import cpu_kernels
 from engine.model.kv_format import from_cache, to_cache
 from engine.model.rotary import apply_rotary
+from tests.support.paths import PROJECT_ROOT
 
 ATOL = 2e-5
 
@@ -202,6 +206,20 @@ def test_the_best_level_runs_by_default_and_each_level_runs_its_own_code():
         assert not torch.equal(baseline, best)
     with pytest.raises(RuntimeError, match="does not run kernel level"):
         cpu_kernels.use_kernel_level("avx1024")
+
+
+@pytest.mark.parametrize("level", ["baseline", "avx1024"])
+def test_the_kernel_level_can_be_set_for_a_whole_process(level):
+    """PLAYGROUND_KERNEL_LEVEL runs every kernel at a lower level (to measure an AVX2-only CPU's figures on a better
+    one); a level this CPU does not run is refused with the ones it does."""
+    code = ("from engine.model import cpu_kernels; import torch; print(cpu_kernels.unavailable_reason()); "
+            "print(torch.ops.playground_cpu.packed_kernel_name())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT,
+                            env={**os.environ, cpu_kernels.KERNEL_LEVEL_ENV: level}, timeout=120)
+    if level == "baseline":
+        assert result.stdout.split() == ["None", "plain"], result.stderr
+    else:
+        assert result.returncode != 0 and "PLAYGROUND_KERNEL_LEVEL='avx1024': this CPU runs" in result.stderr
 
 
 def torch_rms_norm(x, weight, eps):

@@ -230,9 +230,11 @@ def decode_plan(backend: NativeBackend, prompts: list[list[int]]) -> StepPlan:
     return StepPlan(chunks)
 
 
+@pytest.mark.parametrize("quantization", ["none", "native-int8", "native-int4"])
 @pytest.mark.parametrize("arch", ["llama-gqa", "qwen2-qkv-bias", "qwen3-qk-norm", "llama-mqa-tied"])
-def test_fused_small_batch_decode_computes_what_the_layers_compute(arch, tiny_model_dirs):
-    backend = native_backend(tiny_model_dirs[arch], block_size=4)
+def test_fused_small_batch_decode_computes_what_the_layers_compute(arch, quantization, tiny_model_dirs):
+    """Float32 weights on the small-batch kernel, or the engine's packed formats on theirs: the same numbers."""
+    backend = native_backend(tiny_model_dirs[arch], block_size=4, quantization=quantization)
     try:
         assert backend.executor.runner.fused_decode is not None
         with torch.inference_mode():

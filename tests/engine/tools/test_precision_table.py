@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.config
+from engine import Engine, EngineConfig
 from engine.overrides import parse_sets
 from engine.tools.bench import main as bench_main
-from engine.tools.precision_table import default_rows
+from engine.tools.precision_table import default_rows, held_out_quality
 from engine.tools.precision_table import main as table_main
 
 
@@ -40,6 +46,45 @@ def test_table_rows_cover_levels_and_kv_heads(tiny_chat_dir, tmp_path):
     assert mqa["kv_bytes_per_token"] * 2 == none["kv_bytes_per_token"]  # 2 KV heads -> 1
     assert mqa["kv_blocks"] >= 2 * none["kv_blocks"] and mqa["weights_ratio"] < 1
     assert none["perplexity"] > 1 and mqa["perplexity"] != none["perplexity"]
+    assert none["kl_vs_none"] == 0 and none["top1_agreement"] == 1 and none["greedy_agreement"] == 1
+    assert mqa["kl_vs_none"] > 0 and mqa["top1_agreement"] < 1
+
+
+def test_markdown_table_names_the_quality_columns():
+    from engine.tools.precision_table import format_table
+
+    header = format_table([]).splitlines()[0]
+    assert "KL vs none" in header and "top-1 agree" in header and "greedy agree" in header
+
+
+def test_kv_dtype_rows_follow_the_configurations_options(monkeypatch):
+    """A KV cache dtype field (where the configuration has one) adds a row per value but "auto" and the default."""
+    def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+        return [row for row in rows if "kv_cache_dtype" not in row], [row for row in rows if "kv_cache_dtype" in row]
+
+    plain, _ = split(default_rows("demo", "cpu"))
+    monkeypatch.setitem(engine.config.CHOICES, "kv_cache_dtype", ["auto", "bfloat16", "int8"])
+    others, kv_rows = split(default_rows("demo", "cpu"))
+    assert others == plain and kv_rows == [{"kv_cache_dtype": "bfloat16"}, {"kv_cache_dtype": "int8"}]
+
+
+def test_held_out_quality_against_a_direct_computation(tiny_chat_dir):
+    """KL(p_ref || p_row) and top-1 agreement equal a direct computation from each engine's own windows; the
+    reference against itself is 0 and 1, and the perplexity is each engine's own."""
+    base = dict(model=tiny_chat_dir, dtype="float32", kv_cache_bytes=2**22)
+    with Engine(EngineConfig(**base)) as reference, Engine(EngineConfig(**base, gqa=1)) as pooled:
+        figures = held_out_quality({0: reference, 1: pooled}, 0)
+        ref_windows = [w.log_probs.double() for w in reference.next_token_log_probs()]
+        row_windows = [w.log_probs.double() for w in pooled.next_token_log_probs()]
+        perplexities = reference.perplexity().perplexity, pooled.perplexity().perplexity
+    ref, row = torch.cat(ref_windows), torch.cat(row_windows)
+    kl = (ref.exp() * (ref - row)).sum(-1).mean().item()
+    top1 = (ref.argmax(-1) == row.argmax(-1)).double().mean().item()
+    assert figures[0]["kl_vs_none"] == 0 and figures[0]["top1_agreement"] == 1
+    assert figures[1]["kl_vs_none"] == pytest.approx(kl, rel=1e-9) and kl > 0
+    assert figures[1]["top1_agreement"] == pytest.approx(top1) and top1 < 1
+    assert F.kl_div(row, ref, log_target=True, reduction="batchmean").item() == pytest.approx(kl, rel=1e-9)
+    assert (figures[0]["perplexity"], figures[1]["perplexity"]) == pytest.approx(perplexities, rel=1e-12)
 
 
 def test_table_times_a_checkpoint_without_a_tokenizer(tiny_llama_dir, tmp_path):
@@ -63,3 +108,16 @@ def test_gpu_check_leaves_out_the_levels_it_is_told_to_skip():
     assert demo_skipped == [row for row in demo if row.get("quantization") not in skipped] != demo
     assert decode_skipped == [row for row in decode if row["quantization"] not in skipped] != decode
     assert {"gqa": 1} in demo_skipped and {"quantization": "none"} in decode_skipped
+
+
+def test_gpu_check_times_every_prefill_gemm_of_the_decode_model_on_the_sparse_kernels(monkeypatch):
+    """`make gpu-check`'s 2:4 GEMMs: the 1.7B model's four fused layers, each a shape the sparse kernels take (so
+    none is skipped on the GPU for a reason a CPU could have caught)."""
+    from engine.quant.sparsity import dense_reason
+    from engine.tools.gpu_check import DECODE_MODEL, decode_model_gemms
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    gemms = decode_model_gemms()
+    assert gemms["gate_up_proj"] == (2 * DECODE_MODEL["intermediate_size"], DECODE_MODEL["hidden_size"])
+    assert gemms["qkv_proj"] == (4096 + 2 * 1024, 4096)
+    assert all(dense_reason(out, inputs, torch.bfloat16, "cuda") is None for out, inputs in gemms.values())
