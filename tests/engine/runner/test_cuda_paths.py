@@ -46,3 +46,13 @@ def test_cuda_graphs_setting_turns_graph_decode_on_and_off(tiny_llama_dir, cuda_
                              block_size=256, cuda_graphs=cuda_graphs)) as engine:
         assert engine.info.cuda_graphs is cuda_graphs
         assert engine.generate([1, 2, 3], SamplingParams(max_tokens=8))[0].token_ids
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "bfloat16"])
+def test_a_quantized_kv_pool_on_cuda_reads_like_the_cpus(tiny_llama_dir, kv_cache_dtype):
+    """The GPU's sdpa path dequantizes on gather the same pool format the CPU's paths read: same greedy tokens as
+    the CPU's pure-PyTorch path over the same pool (not yet run on a GPU)."""
+    settings = dict(attention="sdpa", kv_cache_dtype=kv_cache_dtype)
+    with Engine(EngineConfig(model=tiny_llama_dir, device="cpu", cpu_kernels=False, **settings)) as engine:
+        cpu = [o.token_ids for o in engine.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))]
+    assert greedy(tiny_llama_dir, **settings) == cpu
