@@ -27,30 +27,35 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
 #include "vectors.h"
+
 
 namespace {
 
 // What the KV pool's rows hold (engine/model/kv_format.py): float32, bfloat16, or int8 values then a float32 scale.
 enum class KVKind { kFloat, kBFloat16, kInt8 };
 
-// W bfloat16 (as bits), their float32 bits, and W int8: what KVRow widens to a vector of W floats.
+// W bfloat16 (as bits), their float32 bits, W int8 and W int16: what KVRow widens to a vector of W floats.
 template <int W> struct NarrowLanes;
 template <> struct NarrowLanes<4> {
   typedef uint16_t halves __attribute__((vector_size(8)));
+  typedef int16_t shorts __attribute__((vector_size(8)));
   typedef uint32_t words __attribute__((vector_size(16)));
   typedef int8_t bytes __attribute__((vector_size(4)));
 };
 template <> struct NarrowLanes<8> {
   typedef uint16_t halves __attribute__((vector_size(16)));
+  typedef int16_t shorts __attribute__((vector_size(16)));
   typedef uint32_t words __attribute__((vector_size(32)));
   typedef int8_t bytes __attribute__((vector_size(8)));
 };
 template <> struct NarrowLanes<16> {
   typedef uint16_t halves __attribute__((vector_size(32)));
+  typedef int16_t shorts __attribute__((vector_size(32)));
   typedef uint32_t words __attribute__((vector_size(64)));
   typedef int8_t bytes __attribute__((vector_size(16)));
 };
@@ -92,10 +97,14 @@ template <> struct KVRow<uint16_t> {
 template <> struct KVRow<int8_t> {
   static constexpr int64_t kExtra = sizeof(float);
   static constexpr bool kScaled = true;
+  // Bytes to floats through 16-bit and 32-bit lanes: GCC lowers a direct byte-to-float conversion lane by lane
+  // (sixteen scalar conversions; int8 attention ran 2.8x slower than float32's), each of these steps to one
+  // sign-extending instruction.
   template <int W> static PLAYGROUND_INLINE vec<W> load(const int8_t* p) {
     typename NarrowLanes<W>::bytes b;
     std::memcpy(&b, p, sizeof(b));
-    return __builtin_convertvector(b, vec<W>);
+    const auto shorts = __builtin_convertvector(b, typename NarrowLanes<W>::shorts);
+    return __builtin_convertvector(__builtin_convertvector(shorts, ivec<W>), vec<W>);
   }
   static PLAYGROUND_INLINE float at(const int8_t* p) { return static_cast<float>(*p); }
   static PLAYGROUND_INLINE float scale(const int8_t* row, int64_t dim) {
@@ -121,49 +130,36 @@ struct AttendItem {
   int64_t kv_head, first_token, count, context_len;
 };
 
-// Scores of one query row (pre-scaled) against the W keys at `keys` (rows `stride` elements apart), all of which
-// are visible: dimension chunks outside, keys inside, so W accumulators and one query chunk are live (they fit
-// AVX2's 16 registers). Unscaled: the caller multiplies int8 keys' scores by their rows' scales.
-template <int W, typename T>
-PLAYGROUND_INLINE vec<W> full_chunk_scores(const float* q, const T* keys, int64_t dim, int64_t stride) {
+// Scores of one query row (pre-scaled) against the W keys at `keys`, all of which are visible: dimension
+// chunks outside, keys inside, so W accumulators and one query chunk are live (they fit AVX2's 16 registers).
+template <int W>
+PLAYGROUND_INLINE vec<W> full_chunk_scores(const float* q, const float* keys, int64_t dim) {
   vec<W> acc[W] = {};
   int64_t d = 0;
   for (; d + W <= dim; d += W) {
     const vec<W> q_chunk = load<W>(q + d);
-    for (int t = 0; t < W; ++t) acc[t] += q_chunk * KVRow<T>::template load<W>(keys + t * stride + d);
+    for (int t = 0; t < W; ++t) acc[t] += q_chunk * load<W>(keys + t * dim + d);
   }
   vec<W> scores = transpose_sums<W>(acc);
   for (; d < dim; ++d) {
-    for (int t = 0; t < W; ++t) scores[t] += q[d] * KVRow<T>::at(keys + t * stride + d);
+    for (int t = 0; t < W; ++t) scores[t] += q[d] * keys[t * dim + d];
   }
   return scores;
 }
 
-template <int W, typename T>
-PLAYGROUND_INLINE float row_dot(const float* q, const T* row, int64_t dim) {
-  vec<W> acc = {};
-  int64_t d = 0;
-  for (; d + W <= dim; d += W) acc += load<W>(q + d) * KVRow<T>::template load<W>(row + d);
-  float total = lane_sum<W>(acc);
-  for (; d < dim; ++d) total += q[d] * KVRow<T>::at(row + d);
-  return total;
-}
-
 // The same for the first `visible` (< W) keys; lanes past them are left 0 (masked by the caller).
-template <int W, typename T>
-PLAYGROUND_INLINE vec<W> partial_chunk_scores(const float* q, const T* keys, int64_t visible, int64_t dim,
-                                              int64_t stride) {
+template <int W>
+PLAYGROUND_INLINE vec<W> partial_chunk_scores(const float* q, const float* keys, int64_t visible, int64_t dim) {
   vec<W> scores = {};
-  for (int64_t t = 0; t < visible; ++t) scores[t] = row_dot<W, T>(q, keys + t * stride, dim);
+  for (int64_t t = 0; t < visible; ++t) scores[t] = dot<W>(q, keys + t * dim, dim);
   return scores;
 }
 
-// acc = acc * correction + sum over the chunk's visible keys of p[t] * value_t, DIM floats (0: any head_dim),
-// value rows `stride` elements apart (p already holds int8 rows' scales). Up to 8 output chunks stay in registers
-// while the keys stream past.
-template <int W, int DIM, typename T>
-PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const float* p, const T* values,
-                                         int64_t visible, int64_t runtime_dim, int64_t stride) {
+// acc = acc * correction + sum over the chunk's visible keys of p[t] * value_t, DIM floats (0: any head_dim).
+// Up to 8 output chunks stay in registers while the keys stream past.
+template <int W, int DIM>
+PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const float* p, const float* values,
+                                         int64_t visible, int64_t runtime_dim) {
   const int64_t dim = DIM ? DIM : runtime_dim;
   if constexpr (DIM > 0 && DIM % W == 0) {
     constexpr int kChunks = DIM / W, kGroup = kChunks < 8 ? kChunks : 8;
@@ -172,14 +168,14 @@ PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const flo
       for (int j = 0; j < kGroup; ++j) a[j] = load<W>(acc + (g + j) * W) * correction;
       for (int64_t t = 0; t < visible; ++t) {
         const vec<W> weight = splat<W>(p[t]);
-        for (int j = 0; j < kGroup; ++j) a[j] += weight * KVRow<T>::template load<W>(values + t * stride + (g + j) * W);
+        for (int j = 0; j < kGroup; ++j) a[j] += weight * load<W>(values + t * dim + (g + j) * W);
       }
       for (int j = 0; j < kGroup; ++j) store<W>(acc + (g + j) * W, a[j]);
     }
   } else {
     for (int64_t d = 0; d < dim; ++d) acc[d] *= correction;
     for (int64_t t = 0; t < visible; ++t) {
-      for (int64_t d = 0; d < dim; ++d) acc[d] += p[t] * KVRow<T>::at(values + t * stride + d);
+      for (int64_t d = 0; d < dim; ++d) acc[d] += p[t] * values[t * dim + d];
     }
   }
 }
@@ -190,11 +186,26 @@ PLAYGROUND_INLINE void accumulate_values(float* acc, float correction, const flo
 // two threads), 0.57-0.77x the time of 32 positions ahead into L1, on AVX-512 and AVX2 code alike.
 constexpr int64_t kPrefetchPositions = 16;
 
+// `count` cache rows of element type T (`stride` elements apart) as float32 rows of `dim` (int8 rows times their
+// scale): a chunk's keys and values are widened once, into L1, for every query row that reads them.
+template <int W, int DIM, typename T>
+PLAYGROUND_INLINE void widen_rows(const T* rows, int64_t count, int64_t runtime_dim, int64_t stride, float* out) {
+  const int64_t dim = DIM ? DIM : runtime_dim;
+  for (int64_t t = 0; t < count; ++t) {
+    const T* row = rows + t * stride;
+    const float scale = KVRow<T>::scale(row, dim);
+    int64_t d = 0;
+    for (; d + W <= dim; d += W) store<W>(out + t * dim + d, KVRow<T>::template load<W>(row + d) * scale);
+    for (; d < dim; ++d) out[t * dim + d] = KVRow<T>::at(row + d) * scale;
+  }
+}
+
 // All query rows of one (sequence, KV head) over its visible keys, W keys at a time, read in place through the
 // block table: query i of `count` sees positions < context_len - (count - 1 - i), and keys past a row's limit
 // never reach its softmax, so unwritten or stale slots are never used. Every row (each query token of each
 // query head sharing this KV head) updates its online softmax from a chunk while the chunk is in L1; the rows'
-// scaled queries, accumulators and softmax state live in `work` (attention_work_floats).
+// scaled queries, accumulators and softmax state live in `work` (attention_work_floats), and so does the chunk's
+// keys and values widened to float32 when the pool holds another element type.
 template <int W, int DIM, typename T>
 PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& item, float* work) {
   static const vec<W> lane_index = [] {
@@ -221,9 +232,9 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
   std::fill(accumulators, accumulators + rows * dim, 0.f);
   std::fill(running_max, running_max + rows, kNegInf);
   std::fill(running_sum, running_sum + rows, 0.f);
+  float* widened_keys = running_sum + rows;  // a chunk's rows as float32, for pools of another element type
+  float* widened_values = widened_keys + W * dim;
   alignas(64) float p[W];
-  alignas(64) float value_scales[W];
-  vec<W> key_scales = splat<W>(1.f);
   const int64_t step = std::min<int64_t>(W, s.block_size);
   for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
     const int64_t offset = position0 % s.block_size;
@@ -241,14 +252,16 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
         __builtin_prefetch(next_values + line, 0, kPrefetchLocality);
       }
     }
-    const T* keys = k_head + slot0 * stride;
-    const T* values = v_head + slot0 * stride;
-    if constexpr (KVRow<T>::kScaled) {  // the chunk's rows' scales, once for every query row (0 past the chunk)
-      key_scales = vec<W>{};
-      for (int64_t t = 0; t < chunk; ++t) {
-        key_scales[t] = KVRow<T>::scale(keys + t * stride, dim);
-        value_scales[t] = KVRow<T>::scale(values + t * stride, dim);
-      }
+    const float* keys;
+    const float* values;
+    if constexpr (std::is_same_v<T, float>) {
+      keys = k_head + slot0 * dim;
+      values = v_head + slot0 * dim;
+    } else {
+      widen_rows<W, DIM, T>(k_head + slot0 * stride, chunk, dim, stride, widened_keys);
+      widen_rows<W, DIM, T>(v_head + slot0 * stride, chunk, dim, stride, widened_values);
+      keys = widened_keys;
+      values = widened_values;
     }
     for (int64_t i = 0; i < item.count; ++i) {
       const int64_t limit = item.context_len - (item.count - 1 - i);
@@ -256,18 +269,14 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
       if (visible <= 0) continue;
       for (int64_t g = 0; g < s.groups; ++g) {
         const int64_t row = i * s.groups + g;
-        vec<W> scores = visible == W ? full_chunk_scores<W, T>(queries + row * dim, keys, dim, stride)
-                                     : partial_chunk_scores<W, T>(queries + row * dim, keys, visible, dim, stride);
-        if constexpr (KVRow<T>::kScaled) scores *= key_scales;
+        vec<W> scores = visible == W ? full_chunk_scores<W>(queries + row * dim, keys, dim)
+                                     : partial_chunk_scores<W>(queries + row * dim, keys, visible, dim);
         scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
         const float new_max = std::max(running_max[row], lane_max<W>(scores));
         const float correction = std::exp(running_max[row] - new_max);
         const vec<W> weights = exp_lanes<W>(scores - new_max);
         store<W>(p, weights);
-        if constexpr (KVRow<T>::kScaled) {
-          for (int64_t t = 0; t < visible; ++t) p[t] *= value_scales[t];
-        }
-        accumulate_values<W, DIM, T>(accumulators + row * dim, correction, p, values, visible, dim, stride);
+        accumulate_values<W, DIM>(accumulators + row * dim, correction, p, values, visible, dim);
         running_sum[row] = running_sum[row] * correction + lane_sum<W>(weights);
         running_max[row] = new_max;
       }
@@ -305,8 +314,9 @@ PLAYGROUND_INLINE void attend_item(const PagedShape& s, const AttendItem& item, 
 // Floats of `work` one attention item needs: per query row, its scaled query and accumulator (head_dim each),
 // running maximum and sum.
 int64_t attention_work_floats(const PagedShape& s, int64_t max_count) {
+  constexpr int64_t kWidestChunk = 16;  // keys a chunk holds at the widest level: its keys and values widened
   const int64_t rows = max_count * s.groups;
-  return rows * (2 * s.head_dim + 2);
+  return rows * (2 * s.head_dim + 2) + 2 * kWidestChunk * s.head_dim;
 }
 
 // Outputs `first`..`last` - 1 of y [ROWS, N] = x [ROWS, K] weight[N, K]^T: WIDE weight rows at a time, each
