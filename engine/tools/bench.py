@@ -96,7 +96,7 @@ def make_random_model(name: str, folder: Path) -> Path:
     folder = Path(folder)
     if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
         return folder
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     torch.manual_seed(RANDOM_MODEL_SEED)
     model = LlamaForCausalLM(LlamaConfig(**RANDOM_MODELS[name])).eval()
@@ -106,7 +106,10 @@ def make_random_model(name: str, folder: Path) -> Path:
     model.config.architectures = [type(model).__name__]  # what save_pretrained records, and the engine reads
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
-    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # A tied LM head is stored once, as the embedding (as hub checkpoints store it and the engine's loader reads it).
+    tensors = {name: tensor.contiguous() for name, tensor in model.state_dict().items()
+               if not (model.config.tie_word_embeddings and name == "lm_head.weight")}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ from engine.model.gqa import kv_head_options
 from engine.model.spec import ModelSpec
 from engine.overrides import parse_sets, parse_value
 from engine.quant.levels import LEVELS
-from engine.tools.bench import resolve_bench_model
+from engine.tools.bench import portable_report_text, resolve_bench_model
 from engine.tools.measure import agreement, send, source_revision
 from engine.tools.workloads import WorkloadSpec, build_workload, warmup_workload
 
@@ -272,13 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        args.json.write_text(portable_report_text({
             "command": "python -m engine.precision_table " + " ".join(argv if argv is not None else sys.argv[1:]),
             "device_name": describe_device(), "torch_threads": torch.get_num_threads(),
             "source_revision": source_revision(), "base": base,
             "workloads": {"batch1": asdict(batch1), "concurrent": asdict(concurrent),
                           "concurrency": args.concurrency},
-            "rows": results}, indent=2, default=str))
+            "rows": results}))
         print(f"wrote {args.json}")
     return 1 if any("error" in row for row in results) else 0
 
