@@ -69,7 +69,9 @@ def _packed_bytes(out_features: int, in_features: int, dtype: torch.dtype, devic
 def _bitsandbytes_4bit(quant_type: str, summary: str) -> QuantLevel:
     return QuantLevel(quant_type, bnb_levels.LIBRARY, bnb_levels.MODULE, summary,
                       partial(bnb_levels.make_4bit, quant_type=quant_type), bnb_levels.four_bit_bytes,
-                      partial(bnb_levels.hf_4bit, quant_type=quant_type))
+                      partial(bnb_levels.hf_4bit, quant_type=quant_type),
+                      slow_on=(("cpu", "slower on CPU: bitsandbytes dequantizes the 4-bit weights on every call "
+                                       "(about 2.5x float32's time per token at batch 1 in our CPU table)"),))
 
 
 def _quanto(weights: str, summary: str, storage_bytes, **options) -> QuantLevel:
@@ -88,23 +90,23 @@ LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
                "LLM.int8: int8 weights, per-row scales, float16 outlier features",
                bnb_levels.make_int8, bnb_levels.int8_bytes, bnb_levels.hf_int8,
                slow_on=(("cpu", "slow on CPU: bitsandbytes quantizes every input row and splits out outliers "
-                                "(about 2.5x float32's time per token at batch 1 in our CPU table)"),)),
+                                "(about 6x float32's time per token at batch 1 in our CPU table)"),)),
     _bitsandbytes_4bit("nf4", "4-bit NormalFloat in blocks of 64 (QLoRA's format), compressed statistics"),
     _bitsandbytes_4bit("fp4", "4-bit float in blocks of 64, compressed statistics"),
     _quanto("int8", "int8 weights, per-row scales", quanto_levels.eight_bit_bytes,
             shape_problem=quanto_levels.int8_shape_problem,
-            slow_on=(("cpu", "slow on CPU (about 2.6x float32's time per token at batch 1 in our CPU table)"),)),
+            slow_on=(("cpu", "slow on CPU (about 7x float32's time per token at batch 1 in our CPU table)"),)),
     _quanto("int4", "int4 weights, a scale and shift per group of up to 128 inputs", quanto_levels.int4_bytes,
             slow_on=(("cpu", "slow on CPU: quanto unpacks the int4 weights on every call "
-                             "(about 3x float32's time per token at batch 1 in our CPU table)"),)),
+                             "(about 11x float32's time per token at batch 1 in our CPU table)"),)),
     _quanto("float8", "float8 (e4m3) weights, per-row scales", quanto_levels.eight_bit_bytes,
             slow_on=(("cpu", "very slow on CPU: the float8 weights are dequantized on every call "
-                             "(about 7x float32's time per token at batch 1 in our CPU table)"),)),
+                             "(about 10x float32's time per token at batch 1 in our CPU table)"),)),
     QuantLevel("torchao-int8", torchao_levels.LIBRARY, torchao_levels.MODULE,
                "int8 weight-only, per-row scales",
                torchao_levels.make_int8, torchao_levels.int8_bytes, torchao_levels.hf_int8,
                slow_on=(("cpu", "slower on CPU: torchao dequantizes the int8 weights on the fly "
-                                "(about 1.9x float32's time per token at batch 1 in our CPU table)"),)),
+                                "(about 2.5x float32's time per token at batch 1 in our CPU table)"),)),
     QuantLevel("torchao-int4", torchao_levels.LIBRARY, torchao_levels.MODULE,
                "int4 weight-only, groups of 128, tinygemm's tile-packed layout",
                torchao_levels.make_int4, torchao_levels.int4_bytes, torchao_levels.hf_int4,

@@ -34,7 +34,6 @@ DEMO_QUESTIONS = ["What does the json module do?", "Explain the `os.path.join` f
 CPU_LEVELS = [name for name, level in LEVELS.items() if "cpu" in level.devices]
 # Levels both backends load (the engine's own formats have no transformers config: tests/engine/quant/test_packed.py).
 LIBRARY_CPU_LEVELS = [name for name in CPU_LEVELS if LEVELS[name].hf_config is not None]
-FAST_CPU_LEVELS = [name for name in LIBRARY_CPU_LEVELS if not LEVELS[name].note("cpu")]
 
 
 def tiny_llama_params(path: str) -> int:
@@ -90,7 +89,7 @@ def test_estimate_equals_the_real_quantized_bytes(tiny_llama_dir, level, backend
     assert info.num_params == tiny_llama_params(tiny_llama_dir)  # parameters as trained, not packed elements
 
 
-@pytest.mark.parametrize("level", FAST_CPU_LEVELS)
+@pytest.mark.parametrize("level", LIBRARY_CPU_LEVELS)
 def test_native_and_hf_quantize_the_same_layers(tiny_llama_dir, level):
     """Like for like: both backends leave the LM head and embeddings alone and pack the rest."""
     sizes = {backend: estimate_memory(EngineConfig(model=tiny_llama_dir, backend=backend, dtype="float32",
