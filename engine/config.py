@@ -118,7 +118,8 @@ def choice_note(field_name: str, value, device: str = "auto") -> str | None:
     device = resolve_device(device)
     if field_name == "quantization" and value in QUANT_LEVELS:
         level = QUANT_LEVELS[value]
-        return " · ".join(part for part in (f"{level.library}: {level.summary}", level.note(device)) if part)
+        return " · ".join(part for part in (f"{level.library}: {level.summary}", level.packs, level.note(device))
+                          if part)
     if field_name == "kv_cache_dtype" and value in KV_CACHE_NOTES:
         return KV_CACHE_NOTES[value]
     if field_name == "gqa" and value == "mha":

@@ -53,6 +53,14 @@ class QuantLevel:
     def note(self, device: str) -> str | None:
         return dict(self.slow_on).get(device)
 
+    @property
+    def packs(self) -> str:
+        """Which of the model's tensors the level changes, for its description."""
+        if self.lm_head_bits:
+            return (f"packs the decoder's linear layers and the LM head (int{self.lm_head_bits}); the embeddings stay "
+                    "in the model dtype")
+        return "changes the decoder's linear layers only; the LM head and the embeddings stay in the model dtype"
+
 
 def _engine_format(bits: int, summary: str) -> QuantLevel:
     return QuantLevel(f"native-int{bits}", "engine", "torch", summary,
@@ -81,11 +89,10 @@ def _quanto(weights: str, summary: str, storage_bytes, **options) -> QuantLevel:
 
 
 LEVELS: dict[str, QuantLevel] = {level.name: level for level in (
-    _engine_format(8, "int8 weights with a scale per output row, the LM head too; activations quantized to int8 "
-                      "per row on the fly; integer kernels (AVX-512 VNNI, AVX2); embeddings stay float32"),
-    _engine_format(4, "4-bit weights with a scale per 32 inputs (Q4_0-like); the LM head in int8; activations "
-                      "quantized to int8 per row on the fly; integer kernels (AVX-512 VNNI, AVX2); embeddings stay "
-                      "float32"),
+    _engine_format(8, "int8 weights with a scale per output row; activations quantized to int8 per row on the fly; "
+                      "integer kernels (AVX-512 VNNI, AVX2)"),
+    _engine_format(4, "4-bit weights with a scale per 32 inputs (Q4_0-like); activations quantized to int8 per row "
+                      "on the fly; integer kernels (AVX-512 VNNI, AVX2)"),
     QuantLevel("int8", bnb_levels.LIBRARY, bnb_levels.MODULE,
                "LLM.int8: int8 weights, per-row scales, float16 outlier features",
                bnb_levels.make_int8, bnb_levels.int8_bytes, bnb_levels.hf_int8,

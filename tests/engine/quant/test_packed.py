@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from engine import ConfigError, Engine, EngineConfig, estimate_memory
+from engine import ConfigError, Engine, EngineConfig, choice_note, estimate_memory
 from engine.model import cpu_kernels
 from engine.quant.packed import PackedLinear, pack_int4, pack_int8, packed_bytes, unpack
 from tests.support.tiny_models import COMMON
@@ -164,3 +164,9 @@ def test_the_engine_formats_are_refused_where_they_cannot_run(tiny_llama_dir):
         Engine(EngineConfig(model=tiny_llama_dir, quantization="native-int4", cpu_kernels=False))
     with pytest.raises(ConfigError, match="native-int8.*float32"):
         Engine(EngineConfig(model=tiny_llama_dir, quantization="native-int8", dtype="bfloat16"))
+
+
+def test_each_level_says_which_tensors_it_packs():
+    for level in ("native-int8", "native-int4"):
+        assert "packs the decoder's linear layers and the LM head (int8)" in choice_note("quantization", level, "cpu")
+    assert "the LM head and the embeddings stay in the model dtype" in choice_note("quantization", "nf4", "cpu")

@@ -185,7 +185,9 @@ def test_crashing_shape_is_refused_before_it_runs(odd_widths_dir):
 def test_slow_levels_carry_a_note_for_the_ui():
     assert "slow" in choice_note("quantization", "int8", "cpu")
     assert "slow" in choice_note("quantization", "quanto-int4", "cpu")
-    assert "slow" not in choice_note("quantization", "nf4", "cpu")
+    assert "slow" in choice_note("quantization", "nf4", "cpu")
+    assert "slow" not in choice_note("quantization", "native-int8", "cpu")
+    assert "slow" not in choice_note("quantization", "native-int4", "cpu")
     assert choice_note("quantization", "none", "cpu") is None
 
 
