@@ -20,7 +20,7 @@ HELP = {
     "backend": "native engine or plain transformers (baseline)",
     "device": "where the model runs",
     "dtype": "weight and activation precision",
-    "quantization": "weight-only quantization level",
+    "quantization": "how the weights are stored and multiplied: packed levels, or 2:4 pruning",
     "attention": "attention kernel over the KV cache",
     "kv_layout": "paged blocks, or one contiguous slab per sequence",
     "kv_cache_dtype": "KV cache precision: what the cache stores (auto = the model's dtype)",
