@@ -23,7 +23,7 @@ from engine.model.attention import CpuPagedAttention, StepBatch
 from engine.model.linear import UnquantizedLinearMethod
 from engine.model.llama import LlamaForCausalLM
 from engine.model.matmul import SMALL_BATCH_MAX_ROWS
-from engine.quant.packed import PackedLinear
+from engine.model.packed_linear import PackedLinear
 
 
 def _weight_and_scales(linear) -> tuple[torch.Tensor, torch.Tensor | None]:

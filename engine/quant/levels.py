@@ -1,7 +1,7 @@
 """The quantization levels: what each is, which library computes it, where it runs, what it costs.
 
 A level is plain data plus functions from its library's adapter (`bnb_levels`, `quanto_levels`,
-`torchao_levels`, `packed` for the engine's own formats, `sparsity` for 2:4 pruning): build the
+`torchao_levels`, `model/packed_linear` for the engine's own formats, `sparsity` for 2:4 pruning): build the
 library's quantized linear module from a loaded full-precision weight (or, for 2:4 pruning, a
 linear method of its own), the bytes that module will hold (packed storage plus scales, known
 before loading, for `estimate_memory`), and the `transformers` quantization config that gives the
@@ -20,7 +20,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from engine.quant import bnb_levels, packed, quanto_levels, sparsity, torchao_levels
+from engine.model import packed_linear
+from engine.quant import bnb_levels, quanto_levels, sparsity, torchao_levels
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,14 @@ class QuantLevel:
 
 def _engine_format(bits: int, summary: str) -> QuantLevel:
     return QuantLevel(f"native-int{bits}", "engine", "torch", summary,
-                      lambda weight, device: packed.PackedLinear(weight, bits), partial(_packed_bytes, bits=bits),
+                      lambda weight, device: packed_linear.PackedLinear(weight, bits), partial(_packed_bytes, bits=bits),
                       None, devices=("cpu",),
                       device_reason="the engine's packed formats are computed by its CPU kernels only",
                       dtypes=(torch.float32,), engine_kernels=True, lm_head_bits=8)
 
 
 def _packed_bytes(out_features: int, in_features: int, dtype: torch.dtype, device: str, bits: int) -> int:
-    return packed.packed_bytes(out_features, in_features, bits)
+    return packed_linear.packed_bytes(out_features, in_features, bits)
 
 
 def _bitsandbytes_4bit(quant_type: str, summary: str) -> QuantLevel:

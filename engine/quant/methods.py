@@ -22,8 +22,8 @@ from torch import nn
 
 from engine.errors import ConfigError
 from engine.model.linear import LinearBase, LinearMethod, UnquantizedLinearMethod
+from engine.model.packed_linear import PackedLinear, packed_bytes
 from engine.quant.levels import LEVELS, QuantLevel
-from engine.quant.packed import PackedLinear, packed_bytes
 
 STAGING_DEVICE = "cpu"
 

@@ -21,7 +21,7 @@ import torch
 
 from engine.model import cpu_kernels
 from engine.model.matmul import SMALL_BATCH_MAX_ROWS, onednn_available
-from engine.quant.packed import PackedLinear
+from engine.model.packed_linear import PackedLinear
 from engine.tools.bench import RANDOM_MODELS
 
 ROWS = (1, 8, 64)

@@ -17,7 +17,7 @@ import torch
 
 from engine import ConfigError, Engine, EngineConfig, choice_note, estimate_memory
 from engine.model import cpu_kernels
-from engine.quant.packed import PackedLinear, pack_int4, pack_int8, packed_bytes, unpack
+from engine.model.packed_linear import PackedLinear, pack_int4, pack_int8, packed_bytes, unpack
 from tests.support.tiny_models import COMMON
 
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None, reason="CPU kernels not built")
