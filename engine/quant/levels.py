@@ -65,8 +65,8 @@ class QuantLevel:
 
 def _engine_format(bits: int, summary: str) -> QuantLevel:
     return QuantLevel(f"native-int{bits}", "engine", "torch", summary,
-                      lambda weight, device: packed_linear.PackedLinear(weight, bits), partial(_packed_bytes, bits=bits),
-                      None, devices=("cpu",),
+                      lambda weight, device: packed_linear.PackedLinear(weight, bits),
+                      partial(_packed_bytes, bits=bits), None, devices=("cpu",),
                       device_reason="the engine's packed formats are computed by its CPU kernels only",
                       dtypes=(torch.float32,), engine_kernels=True, lm_head_bits=8)
 
