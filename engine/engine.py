@@ -78,8 +78,10 @@ def quiet_other_engines(engine: Engine, timeout: float = QUIET_TIMEOUT_SECONDS) 
     A live thread that ran torch's parallel CPU operators keeps its OpenMP pool, and while another
     pool lives, libgomp stops spinning between parallel regions: measured on the 2-core machine, a
     batch-1 decode step of native-int8 random-llama-20m took 1.8 ms instead of 0.9 ms within half a
-    second of another engine's last step. Tools that load several engines (the precision table,
-    Compare) wait here so that each is timed alone.
+    second of another engine's last step. The precision table, which keeps every row's engine loaded,
+    waits here before timing each row. A server does not: its engines serve other visitors, and a
+    measurement that waited for them to go idle held its place for seconds (the soak's attacked
+    round).
     """
     for other in list(_OPEN_ENGINES):
         if other is not engine:

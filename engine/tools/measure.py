@@ -20,7 +20,6 @@ import torch
 
 from engine.core.metrics import describe_device, summarize
 from engine.core.request import RequestOutput
-from engine.engine import quiet_other_engines
 from engine.hub import PROJECT_ROOT
 from engine.info import EngineStats
 from engine.sampling_params import SamplingParams
@@ -48,7 +47,6 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
     the requests in flight are cancelled; an unsent request's output is None. `on_output(index,
     output)` is called (on a worker thread) as each request finishes.
     """
-    quiet_other_engines(engine)
     outputs: list = [None] * len(requests)
     submitted: list[float] = []
     completed: list[float] = []

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from engine.config import CHOICES, EngineConfig, unavailable_reason
 from engine.core.metrics import describe_device, summarize
 from engine.core.perplexity import NextTokenLoss
+from engine.engine import quiet_other_engines
 from engine.errors import EngineError
 from engine.host import resolve_device
 from engine.hub import load_hf_config, resolve_model_path
@@ -75,7 +76,9 @@ def row_label(changes: dict) -> str:
 
 
 def _timed_run(engine, spec: WorkloadSpec, concurrency: int, warm_up: bool) -> tuple[dict, list[list[int]]]:
-    """The run's summary and each request's greedy tokens."""
+    """The run's summary and each request's greedy tokens, once every other row's loop thread has ended
+    (quiet_other_engines): all rows stay loaded while each is timed."""
+    quiet_other_engines(engine)
     vocab = engine.info.vocab_size
     if warm_up:
         send(engine, warmup_workload(spec, vocab), concurrency, 0.0, True, spec.seed)

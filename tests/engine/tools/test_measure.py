@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine import BenchRequest, Engine, EngineConfig, SamplingParams, WorkloadSpec, bench_report, measure_engine
+from engine import BenchRequest, Engine, EngineConfig, WorkloadSpec, bench_report, measure_engine
 from engine.tools.measure import send
 from tests.support.engine_waits import wait_for_steps, wait_until_idle
 
@@ -93,15 +93,3 @@ def test_peak_running_and_preemptions_cover_the_measured_run_only(engine):
     assert wide["peak_running"] == 2 and narrow["peak_running"] == 1
     assert engine.stats().peak_running == 2 and narrow["num_preemptions"] == 0
 
-
-def test_a_run_starts_once_the_other_engines_loops_have_ended(engine, tiny_llama_dir):
-    """Another engine's live loop thread keeps an OpenMP pool that halves a timed engine's speed on a small CPU
-    (quiet_other_engines): `send` waits for it to end before its first request."""
-    other = Engine(EngineConfig(model=tiny_llama_dir, max_num_seqs=2, max_model_len=512))
-    try:
-        other.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))
-        assert not other.wait_idle(0)
-        send(engine, long_requests(1, max_tokens=2), 1, 0.0, True, 0)
-        assert other.wait_idle(0)
-    finally:
-        other.close()

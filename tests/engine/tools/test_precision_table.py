@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 import engine.config
-from engine import Engine, EngineConfig
+from engine import Engine, EngineConfig, SamplingParams, WorkloadSpec
 from engine.overrides import parse_sets
 from engine.tools.bench import main as bench_main
-from engine.tools.precision_table import default_rows, held_out_quality
+from engine.tools.precision_table import _timed_run, default_rows, held_out_quality
 from engine.tools.precision_table import main as table_main
 
 
@@ -121,3 +121,14 @@ def test_gpu_check_times_every_prefill_gemm_of_the_decode_model_on_the_sparse_ke
     assert gemms["gate_up_proj"] == (2 * DECODE_MODEL["intermediate_size"], DECODE_MODEL["hidden_size"])
     assert gemms["qkv_proj"] == (4096 + 2 * 1024, 4096)
     assert all(dense_reason(out, inputs, torch.bfloat16, "cuda") is None for out, inputs in gemms.values())
+
+
+def test_a_row_is_timed_once_the_other_rows_loops_have_ended(tiny_llama_dir):
+    """Another engine's live loop thread keeps an OpenMP pool that halves a timed engine's speed on a small CPU
+    (quiet_other_engines): with every row loaded, each row's run waits for the others' loops to end."""
+    config = EngineConfig(model=tiny_llama_dir, max_num_seqs=2, max_model_len=512)
+    with Engine(config) as timed, Engine(config) as other:
+        other.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))
+        assert not other.wait_idle(0)
+        _timed_run(timed, WorkloadSpec(num_prompts=1, input_len=4, output_len=2), 1, warm_up=False)
+        assert other.wait_idle(0)
