@@ -18,6 +18,7 @@ import torch
 from engine import ConfigError, Engine, EngineConfig, choice_note, estimate_memory
 from engine.model import cpu_kernels
 from engine.model.packed_linear import PackedLinear, pack_int4, pack_int8, packed_bytes, unpack
+from engine.testing import EngineProbe
 from tests.support.tiny_models import COMMON
 
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None, reason="CPU kernels not built")
@@ -150,7 +151,7 @@ def test_the_levels_pack_the_decoder_and_the_lm_head_and_say_so(tiny_llama_dir):
         config = EngineConfig(**base, quantization=level)
         with Engine(config) as engine:
             held = engine.stats().weights_bytes
-            head = engine._backend.executor.runner.model.lm_head
+            head = EngineProbe(engine).model().lm_head
             assert head.weight.numel() == 0 and head.packed.bits == 8
         assert held == estimate_memory(config).weights_bytes
         embedding = COMMON["vocab_size"] * COMMON["hidden_size"] * 4  # float32 embedding, kept for lookups
