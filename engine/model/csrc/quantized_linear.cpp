@@ -41,8 +41,9 @@ constexpr int64_t kMaxRowsPerPass = 8;
 constexpr int64_t kOutputsPerTask = 32;
 constexpr int64_t kMaxInputs = 1 << 16;  // keeps every int32 dot product exact: 255 * 127 * 65536 < 2^31
 
-// x quantized for one call: per row Kp int8 values (zero past K), the row's scale, the sum of its values (the
-// 8-bit VNNI correction) and, per 4 consecutive values, -8 times their sum (the 4-bit nibbles' bias).
+// x quantized for one call: per row Kp int8 values (zero past K), the row's scale, and what the weight's format
+// needs besides: for 8-bit the sum of the row's values (the VNNI correction), for 4-bit, per 4 consecutive values,
+// -8 times their sum (the nibbles' bias).
 struct QuantizedRows {
   int64_t rows = 0, inputs = 0;
   std::vector<int8_t> values;
@@ -52,7 +53,7 @@ struct QuantizedRows {
 };
 
 PLAYGROUND_MULTIVERSION
-void quantize_row(const float* x, int64_t K, int64_t Kp, int8_t* q, float* scale, int32_t* sum,
+void quantize_row(const float* x, int64_t K, int64_t Kp, bool eight_bit, int8_t* q, float* scale, int32_t* sum,
                   int32_t* nibble_bias) {
   float amax = 0.f;
   for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(x[k]));
@@ -66,24 +67,27 @@ void quantize_row(const float* x, int64_t K, int64_t Kp, int8_t* q, float* scale
   }
   std::memset(q + K, 0, Kp - K);
   *scale = amax / 127.f;
-  *sum = total;
-  for (int64_t k = 0; k < Kp; k += 4) nibble_bias[k / 4] = -8 * (q[k] + q[k + 1] + q[k + 2] + q[k + 3]);
+  if (eight_bit) {
+    *sum = total;
+  } else {
+    for (int64_t k = 0; k < Kp; k += 4) nibble_bias[k / 4] = -8 * (q[k] + q[k + 1] + q[k + 2] + q[k + 3]);
+  }
 }
 
-void quantize_rows(const at::Tensor& x, int64_t Kp, QuantizedRows& out) {
+void quantize_rows(const at::Tensor& x, int64_t Kp, bool eight_bit, QuantizedRows& out) {
   const int64_t M = x.size(0), K = x.size(1);
   out.rows = M;
   out.inputs = Kp;
   out.values.resize(M * Kp);
   out.scale.resize(M);
-  out.sum.resize(M);
-  out.nibble_bias.resize(M * Kp / 4);
+  out.sum.resize(eight_bit ? M : 0);
+  out.nibble_bias.resize(eight_bit ? 0 : M * Kp / 4);
   const float* data = x.data_ptr<float>();
   const int64_t stride = x.stride(0);
   at::parallel_for(0, M, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(K, 1)), [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      quantize_row(data + m * stride, K, Kp, out.values.data() + m * Kp, out.scale.data() + m,
-                   out.sum.data() + m, out.nibble_bias.data() + m * Kp / 4);
+      quantize_row(data + m * stride, K, Kp, eight_bit, out.values.data() + m * Kp, out.scale.data() + m,
+                   out.sum.data() + (eight_bit ? m : 0), out.nibble_bias.data() + (eight_bit ? 0 : m * Kp / 4));
     }
   });
 }
@@ -415,9 +419,10 @@ const PackedKernels kVnni{
 const PackedKernels& packed_kernels() {
 #if defined(PLAYGROUND_X86_LEVELS)
   static const bool vnni = cpu_has_vnni();
-  const std::string level = playground_cpu::active_level_name();
-  if (level == "avx512" && vnni) return kVnni;
-  if (level == "avx512" || level == "avx2") return kAvx2;
+  const char* level = playground_cpu::active_level_name();  // read on every call: tests switch levels
+  const bool avx512 = std::strcmp(level, "avx512") == 0;
+  if (avx512 && vnni) return kVnni;
+  if (avx512 || std::strcmp(level, "avx2") == 0) return kAvx2;
 #endif
   return kPlain;
 }
@@ -458,7 +463,7 @@ at::Tensor playground_cpu::packed_linear(const at::Tensor& x_in, const at::Tenso
     bias_data = bias->data_ptr<float>();
   }
   QuantizedRows& rows = quantized_x;
-  quantize_rows(x, Kp, rows);
+  quantize_rows(x, Kp, eight_bit, rows);
   at::Tensor y = at::empty({M, N}, x.options());
   const PackedKernels& kernels = packed_kernels();
   const int64_t tasks = (N + kOutputsPerTask - 1) / kOutputsPerTask;
