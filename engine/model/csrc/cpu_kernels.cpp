@@ -60,23 +60,19 @@ template <> struct NarrowLanes<16> {
   typedef int8_t bytes __attribute__((vector_size(16)));
 };
 
-// One cache row's elements as floats, for each element type T of the pool: `load` widens W of them into a
-// vector (in registers), `at` one; `scale` is what the row's values are multiplied by (int8 rows: the 4 bytes
-// after the row's `dim` values), and `kExtra` the elements a row holds beyond its `dim` values.
+// One cache row's elements as floats, for each element type T of the pool: `kExtra` the elements a row holds
+// beyond its `dim` values; for the pools attention widens (widen_rows), `load` widens W of them into a vector (in
+// registers), `at` one, and `scale` is what the row's values are multiplied by (int8 rows: the 4 bytes after the
+// row's `dim` values). A float32 pool's rows are read as they are.
 template <typename T> struct KVRow;
 
 template <> struct KVRow<float> {
   static constexpr int64_t kExtra = 0;
-  static constexpr bool kScaled = false;
-  template <int W> static PLAYGROUND_INLINE vec<W> load(const float* p) { return ::load<W>(p); }
-  static PLAYGROUND_INLINE float at(const float* p) { return *p; }
-  static PLAYGROUND_INLINE float scale(const float*, int64_t) { return 1.f; }
 };
 
 // bfloat16 as its bits: the high half of a float32.
 template <> struct KVRow<uint16_t> {
   static constexpr int64_t kExtra = 0;
-  static constexpr bool kScaled = false;
   template <int W> static PLAYGROUND_INLINE vec<W> load(const uint16_t* p) {
     typename NarrowLanes<W>::halves bits;
     std::memcpy(&bits, p, sizeof(bits));
@@ -96,7 +92,6 @@ template <> struct KVRow<uint16_t> {
 
 template <> struct KVRow<int8_t> {
   static constexpr int64_t kExtra = sizeof(float);
-  static constexpr bool kScaled = true;
   // Bytes to floats through 16-bit and 32-bit lanes: GCC lowers a direct byte-to-float conversion lane by lane
   // (sixteen scalar conversions; int8 attention ran 2.8x slower than float32's), each of these steps to one
   // sign-extending instruction.
