@@ -2,10 +2,10 @@
 
 Before writing kernels for `native-int8` / `native-int4`, the library kernels had to be measured: torch's
 int8 and int4 weight-only CPU kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, what torchao
-calls on a CPU) against float32 (the engine's small-batch kernel up to 8 rows, oneDNN beyond) and the
-engine's packed formats. Every form multiplies the same random weights in the shapes of one decoder layer
-and the LM head of a bench model, for 1, 8 and 64 rows of x; the forms are timed round-robin, and the
-table gives each one's median time and its ratio to float32.
+calls on a CPU) against float32 as the engine multiplies it (its small-batch kernel up to 8 rows, the faster
+of oneDNN and MKL beyond) and the engine's packed formats. Every form multiplies the same random weights in
+the shapes of one decoder layer and the LM head of a bench model, for 1, 8 and 64 rows of x; the forms are
+timed round-robin, and the table gives each one's median time and its ratio to float32.
 
     python -m engine.tools.weight_matmuls --model random-llama-20m --threads 2
 """
@@ -20,7 +20,7 @@ import time
 import torch
 
 from engine.model import cpu_kernels
-from engine.model.matmul import SMALL_BATCH_MAX_ROWS, onednn_available
+from engine.model.matmul import linear, plan_matmul
 from engine.model.packed_linear import PackedLinear
 from engine.tools.bench import RANDOM_MODELS
 
@@ -56,13 +56,10 @@ def _torch_int8(weight: torch.Tensor):
 
 
 def _float32(weight: torch.Tensor):
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= SMALL_BATCH_MAX_ROWS and cpu_kernels.unavailable_reason() is None:
-            return cpu_kernels.small_batch_linear(x, weight, None)
-        if onednn_available():
-            return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-        return torch.nn.functional.linear(x, weight)
-    return run
+    """The engine's own float32 form for this shape (model/matmul.py: the small-batch kernel up to 8 rows, the
+    faster of oneDNN and MKL beyond)."""
+    plan = plan_matmul(weight.shape[0], weight.shape[1], torch.float32, "cpu", cpu_kernels.unavailable_reason() is None)
+    return lambda x: linear(plan, x, weight, None)
 
 
 FORMS = {"float32": _float32, "torch int8 weight-only": _torch_int8, "torch int4 weight-only (g32)": _torch_int4,
