@@ -26,29 +26,33 @@ MAX_SEED = 2**63 - 1
 MIB = 1024 * 1024  # the unit of the PLAYGROUND_*_MIB limits and the panel's KV size
 
 
-def _int_env(env: dict, name: str, default: int | None, minimum: int = 1) -> int | None:
+def _parsed_env(env: dict, name: str, parse, kind: str):
+    """The variable's text parsed by `parse` (None when unset or blank); one error naming it when it does not parse."""
     raw = env.get(name, "").strip()
     if not raw:
-        return default
+        return None
     try:
-        value = int(raw)
+        return parse(raw)
     except ValueError as exc:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+        raise ValueError(f"{name} must be {kind}, got {raw!r}") from exc
+
+
+def _int_env(env: dict, name: str, default: int | None, minimum: int = 1) -> int | None:
+    value = _parsed_env(env, name, int, "an integer")
+    if value is None:
+        return default
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
 
 
 def _float_env(env: dict, name: str, default: float | None, zero_allowed: bool = False) -> float | None:
-    raw = env.get(name, "").strip()
-    if not raw:
+    value = _parsed_env(env, name, float, "a number")
+    if value is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from exc
     if not (value >= 0 if zero_allowed else value > 0) or value == float("inf"):
-        raise ValueError(f"{name} must be a finite number {'>=' if zero_allowed else '>'} 0, got {raw!r}")
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_allowed else '>'} 0, "
+                         f"got {env[name].strip()!r}")
     return value
 
 
