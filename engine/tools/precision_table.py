@@ -1,17 +1,16 @@
 """`python -m engine.precision_table`: what each quantization level and GQA setting costs and buys, one process.
 
-One row per quantization level available on the device (and `none`), then one per KV head count
-the model converts to (the demo target: 8, 4, 2, 1), then one per KV cache dtype other than the
-default where the configuration has that field. Every row's engine is loaded with the same
-`kv_cache_bytes`, then all are timed round-robin on the same requests (median over `--rounds`),
-so a burst of load on a shared machine hits every row alike: weights bytes (packed storage plus
-scales), KV bytes per token, the KV blocks that fit, batch-1 TTFT and TPOT (requests sent one at a
-time), output throughput with `--concurrency` requests in flight. Quality, on the demo model's
-held-out text, in one pass over every row together: perplexity, and against the `quantization=none`
-row position by position the mean KL(p_none || p_row) of the next-token distribution and the share
-of positions whose most likely token agrees; plus the share of the batch-1 requests' greedy tokens
-generated before each first differs from the `none` row's. `make gpu-check` produces the same
-table on a GPU.
+One row per quantization level available on the device (and `none`), then one per KV head count the
+model converts to (the demo target: 8, 4, 2, 1), then one per KV cache dtype other than `auto`.
+Every row's engine is loaded with the same `kv_cache_bytes`, then all are timed round-robin on the
+same requests (median over `--rounds`), so a burst of load on a shared machine hits every row alike:
+weights bytes (packed storage plus scales), KV bytes per token, the KV blocks that fit, batch-1 TTFT
+and TPOT (requests sent one at a time), output throughput with `--concurrency` requests in flight.
+Quality, on the demo model's held-out text, in one pass over every row together: perplexity, and
+against the `quantization=none` row position by position the mean KL(p_none || p_row) of the
+next-token distribution and the share of positions whose most likely token agrees; plus the share of
+the batch-1 requests' greedy tokens generated before each first differs from the `none` row's.
+`make gpu-check` produces the same table on a GPU.
 
     python -m engine.precision_table --model demo --json assets/results/cpu/precision.json
 """
@@ -19,7 +18,6 @@ table on a GPU.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import statistics
 import sys
@@ -51,7 +49,6 @@ COLUMNS = [("row", "row"), ("weights_bytes", "weights MB"), ("weights_ratio", "x
            ("concurrent_output_throughput", "tok/s @N"), ("throughput_ratio", "tok/s x none"),
            ("perplexity", "held-out ppl"), ("kl_vs_none", "KL vs none"), ("top1_agreement", "top-1 agree"),
            ("greedy_agreement", "greedy agree")]
-KV_DTYPE_FIELD = "kv_cache_dtype"  # absent from configurations that predate it: then no KV dtype rows
 
 
 def default_rows(model: str, device: str) -> list[dict]:
@@ -64,11 +61,9 @@ def default_rows(model: str, device: str) -> list[dict]:
 
 
 def kv_dtype_rows(device: str) -> list[dict]:
-    """One row per KV cache dtype the configuration offers besides "auto" and its default, usable on `device`."""
-    default = next((field.default for field in dataclasses.fields(EngineConfig) if field.name == KV_DTYPE_FIELD),
-                   "auto")
-    return [{KV_DTYPE_FIELD: value} for value in CHOICES.get(KV_DTYPE_FIELD, [])
-            if value not in ("auto", default) and unavailable_reason(KV_DTYPE_FIELD, value, device) is None]
+    """One row per KV cache dtype besides "auto" (the model's own) usable on `device`."""
+    return [{"kv_cache_dtype": value} for value in CHOICES["kv_cache_dtype"]
+            if value != "auto" and unavailable_reason("kv_cache_dtype", value, device) is None]
 
 
 def row_label(changes: dict) -> str:

@@ -58,14 +58,14 @@ def test_markdown_table_names_the_quality_columns():
 
 
 def test_kv_dtype_rows_follow_the_configurations_options(monkeypatch):
-    """A KV cache dtype field (where the configuration has one) adds a row per value but "auto" and the default."""
-    def split(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-        return [row for row in rows if "kv_cache_dtype" not in row], [row for row in rows if "kv_cache_dtype" in row]
-
-    plain, _ = split(default_rows("demo", "cpu"))
-    monkeypatch.setitem(engine.config.CHOICES, "kv_cache_dtype", ["auto", "bfloat16", "int8"])
-    others, kv_rows = split(default_rows("demo", "cpu"))
-    assert others == plain and kv_rows == [{"kv_cache_dtype": "bfloat16"}, {"kv_cache_dtype": "int8"}]
+    """A row per KV cache dtype the configuration offers but "auto", after the level and KV-head rows."""
+    rows = default_rows("demo", "cpu")
+    kv_rows = [row for row in rows if "kv_cache_dtype" in row]
+    offered = engine.config.CHOICES["kv_cache_dtype"]
+    assert kv_rows == [{"kv_cache_dtype": value} for value in offered if value != "auto"]
+    assert rows[-len(kv_rows):] == kv_rows
+    monkeypatch.setitem(engine.config.CHOICES, "kv_cache_dtype", ["auto", "int8"])
+    assert [row for row in default_rows("demo", "cpu") if "kv_cache_dtype" in row] == [{"kv_cache_dtype": "int8"}]
 
 
 def test_held_out_quality_against_a_direct_computation(tiny_chat_dir):
