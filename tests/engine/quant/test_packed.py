@@ -21,8 +21,6 @@ from engine.model.packed_linear import PackedLinear, pack_int4, pack_int8, packe
 from engine.testing import EngineProbe
 from tests.support.tiny_models import COMMON
 
-pytestmark = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None, reason="CPU kernels not built")
-
 SHAPES = [(1536, 512), (512, 1376), (70, 100), (33, 64)]  # (out, in): fused QKV, down projection, ragged tails
 
 

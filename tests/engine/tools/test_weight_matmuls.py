@@ -6,10 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model import cpu_kernels
 from engine.tools import weight_matmuls
-
-pytestmark = pytest.mark.skipif(cpu_kernels.unavailable_reason() is not None, reason="CPU kernels not built")
 
 
 @pytest.mark.parametrize("form", sorted(weight_matmuls.FORMS))
