@@ -101,11 +101,12 @@ class BenchmarkRuns:
         run, state = job.result, session.benchmark
         report = bench_report(run.result, request.spec, request.concurrency, 0.0, request.ignore_eos, None,
                               request.goodput_slos)
+        report["config_label"] = config_tag(run.config)  # the exports name the configuration as the page does
         if self.settings.public:  # an uploaded file's server path is not the visitor's business
             report["workload"]["dataset"] = Path(report["workload"]["dataset"]).name
         spec = request.spec
         dataset = "random" if spec.dataset == "random" else ("chat" if spec.dataset == "chat" else "upload")
-        label = (f"{config_tag(run.config, run.info)} · {dataset} ×{spec.num_prompts} · concurrency "
+        label = (f"{config_tag(run.config)} · {dataset} ×{spec.num_prompts} · concurrency "
                  f"{request.concurrency}" + ("" if math.isinf(spec.request_rate) else f" · {spec.request_rate:g}/s")
                  + (" · cancelled" if run.result["cancelled_requests"] else ""))
         record = BenchmarkRecord(number=state.next_number, label=label, summary=config_summary(run.config, run.info),

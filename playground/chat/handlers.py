@@ -89,7 +89,7 @@ class ChatHandlers:
         try:
             with self.context.pool.lease(session.config) as entry:
                 engine = entry.engine
-                exchange.config = config_tag(session.config, engine.info)
+                exchange.config = config_tag(session.config)
                 fitted = fit_exchange(engine, conversation, index, params.max_tokens, self.settings.max_prompt_tokens,
                                       self.settings.max_conversation_chars)
                 exchange.dropped_turns = fitted.dropped_turns

@@ -1,13 +1,14 @@
-"""A configuration in words: one line for the header, the pool and the tables, a short tag for chart rows,
-and the check line that says whether it can run and what it would load.
+"""A configuration in words: its label (every field that differs from the defaults), the header's longer
+line (the label, then how it runs), and the check line that says whether it can run and what it would load.
 
-Why one place: the header, the engine pool's list, Compare's columns, the benchmark's runs and the
-chat's TTFT rows all name configurations, and they must name the same one the same way. Given the
-loaded engine's `EngineInfo`, the `auto` choices read as what they resolved to.
+Why one place: the header, the engine pool's list, Compare's columns, the benchmark's runs and exports and
+the chat's TTFT rows and export all name configurations, and they must name the same one the same way:
+all of them start from `config_tag`, so a toggle never drops out of one of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from pathlib import Path
 
@@ -18,6 +19,61 @@ from playground.figures.units import format_bytes
 def model_label(model: str) -> str:
     """A model as people name it: a curated name or hub id as is, a local folder by its name."""
     return Path(model).name if model.startswith(("/", ".", "~")) else model
+
+
+def _spec_word(value: str, config: EngineConfig) -> str:
+    return f"spec {value} k={config.num_speculative_tokens}"
+
+
+def _k_word(value: int, config: EngineConfig) -> str | None:
+    return None if config.speculative != "off" else f"spec k={value}"  # with speculation on, its word says k
+
+
+# One compact word per `EngineConfig` field, shown when the field differs from its default. Every field
+# has one (tests/playground/units/test_configuration_labels.py checks it), so two configurations that
+# differ never share a label.
+_WORDS = {
+    "backend": lambda value, _: value,
+    "device": lambda value, _: value,
+    "dtype": lambda value, _: value,
+    "quantization": lambda value, _: value,
+    "attention": lambda value, _: f"attention {value}",
+    "kv_layout": lambda value, _: f"{value} KV",
+    "block_size": lambda value, _: f"block {value}",
+    "prefix_caching": lambda value, _: "prefix cache" if value else "no prefix cache",
+    "kv_cache_bytes": lambda value, _: f"KV budget {format_bytes(value)}",
+    "kv_memory_fraction": lambda value, _: f"KV fraction {value:g}",
+    "kv_cache_dtype": lambda value, _: f"KV {value}",
+    "batching": lambda value, _: value,
+    "max_num_seqs": lambda value, _: f"×{value} seqs",
+    "max_num_batched_tokens": lambda value, _: f"{value} tok/step",
+    "max_model_len": lambda value, _: f"context {value}",
+    "speculative": _spec_word,
+    "draft_model": lambda value, _: f"draft {model_label(value)}",
+    "num_speculative_tokens": _k_word,
+    "gqa": lambda value, _: f"GQA {value}",
+    "tensor_parallel_size": lambda value, _: f"TP {value}",
+    "seed": lambda value, _: f"seed {value}",
+    "cuda_graphs": lambda value, _: "CUDA graphs" if value else "no CUDA graphs",
+    "cpu_kernels": lambda value, _: "CPU kernels" if value else "no CPU kernels",
+}
+
+
+def config_tag(config: EngineConfig) -> str:
+    """The label of a configuration, for every chart row, legend, table header, export and pool entry.
+
+    The model, then a compact word for each field that differs from `EngineConfig`'s default ("int8",
+    "KV int8", "GQA 4", "TP 2", "spec ngram k=4"), or "defaults". A pure function of the configuration,
+    so it also keys figures gathered per configuration (running medians).
+    """
+    words = []
+    for field in dataclasses.fields(EngineConfig):
+        value = getattr(config, field.name)
+        if field.name != "model" and value != field.default:
+            word = _WORDS[field.name](value, config)
+            if word:
+                words.append(word)
+    return " · ".join([model_label(config.model), *(words or ["defaults"])])
 
 
 def _kv_summary(config: EngineConfig, backend: str) -> str:
@@ -33,53 +89,22 @@ def _kv_summary(config: EngineConfig, backend: str) -> str:
 
 
 def config_summary(config: EngineConfig, info: EngineInfo | None = None) -> str:
-    """The configuration in one line: backend, precision, attention, KV cache, batching and the rest.
+    """The label, then how the configuration runs: backend, precision, attention, KV cache, batching, context.
 
-    `info` (the loaded engine's) replaces `auto` choices by what they resolved to.
+    For the header and check lines, where there is room to say what `auto` choices resolved to (`info`,
+    the loaded engine's) and what the defaults are.
     """
     backend = info.backend if info else config.backend
-    parts = [model_label(config.model), f"{backend} backend" if backend != "hf" else "hf backend (transformers)",
-             info.dtype if info else config.dtype]
-    if config.quantization != "none":
-        parts.append(config.quantization)
-    attention = info.attention if info else config.attention
-    parts.append(f"attention {attention}")
-    parts.append(_kv_summary(config, backend))
-    if config.kv_cache_dtype != "auto":
-        parts.append(f"KV {config.kv_cache_dtype}")
-    if config.kv_cache_bytes and not (backend == "hf" and config.batching == "static"):
-        parts.append(f"KV budget {format_bytes(config.kv_cache_bytes)}")
     batching = config.batching
     if backend == "hf":
         batching = "generate_batch continuous" if batching == "continuous" else "generate static"
-    parts.append(f"{batching} ×{config.max_num_seqs}")
+    parts = [f"{backend} backend" if backend != "hf" else "hf backend (transformers)",
+             info.dtype if info else config.dtype, f"attention {info.attention if info else config.attention}",
+             _kv_summary(config, backend), f"{batching} ×{config.max_num_seqs}"]
     context = info.max_model_len if info else config.max_model_len
     if context:
         parts.append(f"context {context}")
-    if config.speculative != "off":
-        source = config.draft_model if config.speculative == "draft" else "n-gram"
-        parts.append(f"spec {source} k={config.num_speculative_tokens}")
-    if config.gqa != "native":
-        parts.append(f"GQA {config.gqa}")
-    if config.tensor_parallel_size > 1:
-        parts.append(f"TP {config.tensor_parallel_size}")
-    return " · ".join(str(p) for p in parts)
-
-
-def config_tag(config: EngineConfig, info: EngineInfo | None = None) -> str:
-    """A short label of what shapes latency (backend, KV cache, batching), for chart rows and chat exports."""
-    backend = info.backend if info else config.backend
-    if backend == "hf":
-        batching = "generate_batch" if config.batching == "continuous" else "generate static"
-        return f"{model_label(config.model)} · hf · {batching} ×{config.max_num_seqs}"
-    kv = "contiguous" if config.kv_layout == "contiguous" else (
-        f"paged/{config.block_size}" + ("+prefix" if config.prefix_caching else ""))
-    if config.kv_cache_dtype != "auto":
-        kv += f" {config.kv_cache_dtype}"
-    parts = [model_label(config.model), backend, kv, f"{config.batching} ×{config.max_num_seqs}"]
-    if config.speculative != "off":
-        parts.append(f"spec {config.speculative} k={config.num_speculative_tokens}")
-    return " · ".join(parts)
+    return f"{config_tag(config)} — {' · '.join(str(p) for p in parts)}"
 
 
 def header_html(device: str, config: EngineConfig, info: EngineInfo | None, load_seconds: float | None) -> str:

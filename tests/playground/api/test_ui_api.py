@@ -22,6 +22,7 @@ from playground.app import create_playground
 from playground.chat.handlers import CHAT_OUTPUTS
 from playground.engine_panel.form import FORM_FIELDS, config_to_form
 from playground.engine_panel.handlers import PanelHandlers
+from playground.figures.configuration import config_tag
 from playground.page import PageHandlers
 from playground.shared.settings import Settings
 from tests.support.ui_helpers import ROOT, api_client, free_port, serving
@@ -131,6 +132,7 @@ def test_chat_returns_plain_text_with_figures_apart_and_keeps_the_conversation(r
     exported = json.loads(as_json)
     assert [e["user"] for e in exported["exchanges"]] == [question, "And why does paging it help?"]
     assert exported["exchanges"][0]["figures"]["engine_ttft_ms"] == first["engine_ttft_ms"]
+    assert exported["exchanges"][0]["config"] in {config_tag(entry.key) for entry in running_app.app.pool.entries()}
     assert "## Turn 2" in as_markdown and "engine TTFT" in as_markdown
     assert api.predict(api_name="/clear") == "cleared"
     _, again = api.predict(question, api_name="/chat")

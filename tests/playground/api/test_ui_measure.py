@@ -17,6 +17,7 @@ from engine.tools.bench import main as bench_main
 from playground.compare.comparison import FIGURE_KEYS
 from playground.compare.handlers import CompareHandlers
 from playground.engine_panel.form import read_form
+from playground.figures.configuration import config_tag
 from playground.shared.settings import Settings
 from tests.support.engine_waits import wait_until_idle
 from tests.support.ui_helpers import api_client, serving
@@ -169,7 +170,7 @@ def test_benchmark_report_and_exports_have_the_bench_clis_keys(running_app, tmp_
                        "--output-len", "2", "--no-warmup", "--json", str(cli_json)]) == 0
     cli = json.loads(cli_json.read_text())
     exported = json.loads(open(as_json, encoding="utf-8").read())
-    assert set(exported) == set(cli) == set(report)
+    assert set(exported) == set(report) == set(cli) | {"config_label"}  # the playground adds its label
     assert set(exported["workload"]) == set(cli["workload"])
     assert exported["mean_ttft_ms"] == pytest.approx(report["mean_ttft_ms"])
     for name in ("ttft", "tpot", "itl", "e2el"):
@@ -179,13 +180,15 @@ def test_benchmark_report_and_exports_have_the_bench_clis_keys(running_app, tmp_
     assert report["completed"] == 6 and report["total_output_tokens"] == 30 and report["cancelled_requests"] == 0
     assert report["output_throughput"] == pytest.approx(30 / report["duration"])
     assert report["config"]["model"] == running_app.model and report["workload"]["num_prompts"] == 6
+    assert report["config_label"] in {config_tag(entry.key) for entry in running_app.app.pool.entries()}
     benchmark(api, requests=3, input_tokens="8", output_tokens="2")
     with open(as_csv, encoding="utf-8") as handle:  # the first run's CSV: one row
         assert len(list(csv.DictReader(handle))) == 1
     _, _, both_csv = benchmark(api, requests=3, input_tokens="8", output_tokens="2", seed=5)
     with open(both_csv, encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 3 and {"completed", "output_throughput", "p99_ttft_ms", "config.model"} <= set(rows[0])
+    assert len(rows) == 3
+    assert {"completed", "output_throughput", "p99_ttft_ms", "config.model", "config_label"} <= set(rows[0])
     assert [int(row["completed"]) for row in rows] == [6, 3, 3]
 
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from engine import EngineConfig, EngineStats, RequestMetrics, StepRecord
+from engine import EngineStats, RequestMetrics, StepRecord
 from playground.figures import live_charts
-from playground.figures.configuration import config_summary, config_tag
 from playground.figures.replies import figures_html, reply_figures
 from playground.shared.activity import SessionActivity
-from tests.support.reference_figures import engine_info
 
 
 def test_reply_figures_follow_the_metric_definitions():
@@ -25,21 +23,6 @@ def test_reply_figures_follow_the_metric_definitions():
     chips = figures_html({**figures, "visible_ttft_ms": 850.0}, "cancelled", dropped_turns=2)
     assert "engine TTFT" in chips and "200 ms" in chips and "Enter → text" in chips and "850 ms" in chips
     assert "stopped" in chips and "2 older turns left out" in chips and "8 cached" in chips
-
-
-def test_configuration_summaries_say_what_each_backend_really_does():
-    native = EngineConfig()
-    assert "paged KV/16 + prefix cache" in config_summary(native, engine_info(attention="sdpa"))
-    hf_static = EngineConfig(backend="hf", batching="static", max_num_seqs=1)
-    summary = config_summary(hf_static, engine_info(backend="hf", attention="transformers sdpa"))
-    assert "paged" not in summary and "prefix" not in summary and "generate static ×1" in summary
-    assert "hf backend" in summary and "attention transformers sdpa" in summary
-    hf_continuous = EngineConfig(backend="hf")
-    assert "transformers paged KV/16 + block sharing" in config_summary(hf_continuous, engine_info(backend="hf"))
-    assert config_tag(hf_static) == "demo · hf · generate static ×1"
-    int8_kv = EngineConfig(kv_cache_dtype="int8")
-    assert "paged KV/16 + prefix cache · KV int8" in config_summary(int8_kv, engine_info(kv_cache_dtype="int8"))
-    assert config_tag(int8_kv) == "demo · auto · paged/16+prefix int8 · continuous ×32"
 
 
 def test_engine_wide_charts_draw_this_sessions_requests_apart():
