@@ -113,6 +113,7 @@ struct PagedShape {
   int64_t num_heads, groups, head_dim, block_size, num_slots, max_blocks, q_token_stride;
   float scale;
   KVKind kv_kind;
+  const playground_cpu::Int8KVOps* int8_ops;  // an int8 pool read in integers (int8_path_fits), else null
 };
 
 // One work item of paged attention: all query rows of one (sequence, KV head).
@@ -195,19 +196,90 @@ PLAYGROUND_INLINE void widen_rows(const T* rows, int64_t count, int64_t runtime_
   }
 }
 
+// Where the chunk of an item's positions from `position0` lies in the pool: its first slot and how many positions
+// it holds (at most `step`, never past the block's end or the context).
+struct Chunk {
+  int64_t slot0, count;
+};
+
+PLAYGROUND_INLINE Chunk chunk_at(const PagedShape& s, const AttendItem& item, int64_t position0, int64_t step) {
+  const int64_t offset = position0 % s.block_size;
+  return {static_cast<int64_t>(item.table[position0 / s.block_size]) * s.block_size + offset,
+          std::min({item.context_len - position0, step, s.block_size - offset})};
+}
+
+// Fetches the keys and values kPrefetchPositions past `position0` into L2; rows are `row_bytes` apart.
+PLAYGROUND_INLINE void prefetch_ahead(const PagedShape& s, const AttendItem& item, int64_t position0, int64_t step,
+                                      int64_t row_bytes) {
+  const int64_t next = position0 + kPrefetchPositions;
+  if (next >= item.context_len) return;
+  const Chunk ahead = chunk_at(s, item, next, step);
+  const char* keys = static_cast<const char*>(item.k_head) + ahead.slot0 * row_bytes;
+  const char* values = static_cast<const char*>(item.v_head) + ahead.slot0 * row_bytes;
+  for (int64_t line = 0; line < ahead.count * row_bytes; line += 64) {
+    __builtin_prefetch(keys + line, 0, kPrefetchLocality);
+    __builtin_prefetch(values + line, 0, kPrefetchLocality);
+  }
+}
+
+// How many of a chunk's `count` positions from `position0` query i of the item sees: query i of `count` sees
+// positions < context_len - (count - 1 - i), so keys past a row's limit never reach its softmax.
+PLAYGROUND_INLINE int64_t visible_in_chunk(const AttendItem& item, int64_t i, int64_t position0, int64_t count) {
+  return std::min(count, item.context_len - (item.count - 1 - i) - position0);
+}
+
+// 0, 1, ..., W - 1 as floats: which lanes of a chunk's scores hold visible keys.
+template <int W>
+PLAYGROUND_INLINE vec<W> lane_indices() {
+  static const vec<W> lanes = [] {
+    vec<W> v;
+    for (int t = 0; t < W; ++t) v[t] = static_cast<float>(t);
+    return v;
+  }();
+  return lanes;
+}
+
+// One step of a row's online softmax over a chunk's scores (lanes from `visible` on are masked): the chunk's
+// weights exp(score - new maximum); `correction` is what the row's accumulator must be multiplied by first.
+template <int W>
+PLAYGROUND_INLINE vec<W> softmax_step(vec<W> scores, int64_t visible, float& running_max, float& running_sum,
+                                      float& correction) {
+  const vec<W> lane_index = lane_indices<W>();
+  scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
+  const float new_max = std::max(running_max, lane_max<W>(scores));
+  correction = std::exp(running_max - new_max);
+  const vec<W> weights = exp_lanes<W>(scores - new_max);
+  running_sum = running_sum * correction + lane_sum<W>(weights);
+  running_max = new_max;
+  return weights;
+}
+
+// The item's outputs: each row's accumulator divided by its softmax sum.
+PLAYGROUND_INLINE void write_outputs(const PagedShape& s, const AttendItem& item, int64_t dim,
+                                     const float* accumulators, const float* running_sum) {
+  for (int64_t i = 0; i < item.count; ++i) {
+    for (int64_t g = 0; g < s.groups; ++g) {
+      const int64_t row = i * s.groups + g;
+      float* out_row = item.out + ((item.first_token + i) * s.num_heads + item.kv_head * s.groups + g) * dim;
+      const float inverse = 1.f / running_sum[row];
+      for (int64_t d = 0; d < dim; ++d) out_row[d] = accumulators[row * dim + d] * inverse;
+    }
+  }
+}
+
+// The query row of item row `row` (query token i = row / groups, its g-th head sharing this KV head).
+PLAYGROUND_INLINE const float* query_row(const PagedShape& s, const AttendItem& item, int64_t row, int64_t dim) {
+  const int64_t i = row / s.groups, g = row % s.groups;
+  return item.q + (item.first_token + i) * s.q_token_stride + (item.kv_head * s.groups + g) * dim;
+}
+
 // All query rows of one (sequence, KV head) over its visible keys, W keys at a time, read in place through the
-// block table: query i of `count` sees positions < context_len - (count - 1 - i), and keys past a row's limit
-// never reach its softmax, so unwritten or stale slots are never used. Every row (each query token of each
-// query head sharing this KV head) updates its online softmax from a chunk while the chunk is in L1; the rows'
-// scaled queries, accumulators and softmax state live in `work` (attention_work_floats), and so does the chunk's
-// keys and values widened to float32 when the pool holds another element type.
+// block table, so unwritten or stale slots are never used. Every row (each query token of each query head sharing
+// this KV head) updates its online softmax from a chunk while the chunk is in L1; the rows' scaled queries,
+// accumulators and softmax state live in `work` (attention_work_floats), and so does the chunk's keys and values
+// widened to float32 when the pool holds another element type.
 template <int W, int DIM, typename T>
 PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& item, float* work) {
-  static const vec<W> lane_index = [] {
-    vec<W> lanes;
-    for (int t = 0; t < W; ++t) lanes[t] = static_cast<float>(t);
-    return lanes;
-  }();
   const int64_t dim = DIM ? DIM : s.head_dim;
   const int64_t stride = dim + KVRow<T>::kExtra;  // elements from one cache row to the next
   const T* k_head = static_cast<const T*>(item.k_head);
@@ -217,12 +289,9 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
   float* accumulators = work + rows * dim;
   float* running_max = accumulators + rows * dim;
   float* running_sum = running_max + rows;
-  for (int64_t i = 0; i < item.count; ++i) {
-    for (int64_t g = 0; g < s.groups; ++g) {
-      const int64_t row = i * s.groups + g;
-      const float* q_row = item.q + (item.first_token + i) * s.q_token_stride + (item.kv_head * s.groups + g) * dim;
-      for (int64_t d = 0; d < dim; ++d) queries[row * dim + d] = q_row[d] * s.scale;
-    }
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* q_row = query_row(s, item, row, dim);
+    for (int64_t d = 0; d < dim; ++d) queries[row * dim + d] = q_row[d] * s.scale;
   }
   std::fill(accumulators, accumulators + rows * dim, 0.f);
   std::fill(running_max, running_max + rows, kNegInf);
@@ -232,59 +301,150 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
   alignas(64) float p[W];
   const int64_t step = std::min<int64_t>(W, s.block_size);
   for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
-    const int64_t offset = position0 % s.block_size;
-    const int64_t slot0 = static_cast<int64_t>(item.table[position0 / s.block_size]) * s.block_size + offset;
-    const int64_t chunk = std::min({item.context_len - position0, step, s.block_size - offset});
-    const int64_t next = position0 + kPrefetchPositions;
-    if (next < item.context_len) {
-      const int64_t next_slot =
-          static_cast<int64_t>(item.table[next / s.block_size]) * s.block_size + next % s.block_size;
-      const int64_t next_count = std::min({item.context_len - next, step, s.block_size - next % s.block_size});
-      const char* next_keys = reinterpret_cast<const char*>(k_head + next_slot * stride);
-      const char* next_values = reinterpret_cast<const char*>(v_head + next_slot * stride);
-      for (int64_t line = 0; line < next_count * stride * static_cast<int64_t>(sizeof(T)); line += 64) {
-        __builtin_prefetch(next_keys + line, 0, kPrefetchLocality);
-        __builtin_prefetch(next_values + line, 0, kPrefetchLocality);
-      }
-    }
+    const Chunk chunk = chunk_at(s, item, position0, step);
+    prefetch_ahead(s, item, position0, step, stride * static_cast<int64_t>(sizeof(T)));
     const float* keys;
     const float* values;
     if constexpr (std::is_same_v<T, float>) {
-      keys = k_head + slot0 * dim;
-      values = v_head + slot0 * dim;
+      keys = k_head + chunk.slot0 * dim;
+      values = v_head + chunk.slot0 * dim;
     } else {
-      widen_rows<W, DIM, T>(k_head + slot0 * stride, chunk, dim, stride, widened_keys);
-      widen_rows<W, DIM, T>(v_head + slot0 * stride, chunk, dim, stride, widened_values);
+      widen_rows<W, DIM, T>(k_head + chunk.slot0 * stride, chunk.count, dim, stride, widened_keys);
+      widen_rows<W, DIM, T>(v_head + chunk.slot0 * stride, chunk.count, dim, stride, widened_values);
       keys = widened_keys;
       values = widened_values;
     }
     for (int64_t i = 0; i < item.count; ++i) {
-      const int64_t limit = item.context_len - (item.count - 1 - i);
-      const int64_t visible = std::min(chunk, limit - position0);
+      const int64_t visible = visible_in_chunk(item, i, position0, chunk.count);
       if (visible <= 0) continue;
       for (int64_t g = 0; g < s.groups; ++g) {
         const int64_t row = i * s.groups + g;
-        vec<W> scores = visible == W ? full_chunk_scores<W>(queries + row * dim, keys, dim)
-                                     : partial_chunk_scores<W>(queries + row * dim, keys, visible, dim);
-        scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
-        const float new_max = std::max(running_max[row], lane_max<W>(scores));
-        const float correction = std::exp(running_max[row] - new_max);
-        const vec<W> weights = exp_lanes<W>(scores - new_max);
-        store<W>(p, weights);
+        const vec<W> scores = visible == W ? full_chunk_scores<W>(queries + row * dim, keys, dim)
+                                           : partial_chunk_scores<W>(queries + row * dim, keys, visible, dim);
+        float correction;
+        store<W>(p, softmax_step<W>(scores, visible, running_max[row], running_sum[row], correction));
         accumulate_values<W, DIM>(accumulators + row * dim, correction, p, values, visible, dim);
-        running_sum[row] = running_sum[row] * correction + lane_sum<W>(weights);
-        running_max[row] = new_max;
       }
     }
   }
-  for (int64_t i = 0; i < item.count; ++i) {
-    for (int64_t g = 0; g < s.groups; ++g) {
-      const int64_t row = i * s.groups + g;
-      float* out_row = item.out + ((item.first_token + i) * s.num_heads + item.kv_head * s.groups + g) * dim;
-      const float inverse = 1.f / running_sum[row];
-      for (int64_t d = 0; d < dim; ++d) out_row[d] = accumulators[row * dim + d] * inverse;
+  write_outputs(s, item, dim, accumulators, running_sum);
+}
+
+// W floats rounded to nearest (ties to even; |x| < 2^22) as W int16 lanes.
+template <int W>
+PLAYGROUND_INLINE void store_rounded_int16(int16_t* out, vec<W> x) {
+  const vec<W> rounded = (x + 12582912.f) - 12582912.f;
+  const auto shorts = __builtin_convertvector(__builtin_convertvector(rounded, ivec<W>), typename NarrowLanes<W>::shorts);
+  std::memcpy(out, &shorts, sizeof(shorts));
+}
+
+constexpr float kInt16Max = 32767.f;
+
+// What attend_item_int8 keeps in `work`, carved from it in this order (int8_work_floats says how many floats).
+struct Int8Work {
+  int16_t* queries;     // [rows, dim]: the scaled queries, int16, one scale per row
+  float* query_scale;   // [rows]
+  int32_t* raw;         // [rows, kChunkKeys]: a chunk's integer scores
+  int16_t* weights;     // [rows, kChunkKeys]: a chunk's softmax weights times the values' scales, int16
+  float* correction;    // [rows]: what each accumulator is multiplied by before this chunk's values are added
+  int32_t* sums;        // [rows, dim]: a chunk's integer weighted sums of values
+  float* accumulators;  // [rows, dim]
+  float* running_max;   // [rows]
+  float* running_sum;   // [rows]
+  int16_t* scratch;     // [kChunkKeys, dim]: the chunk's keys, then its values, widened to int16 by the ops
+};
+
+PLAYGROUND_INLINE int64_t int8_work_floats(int64_t rows, int64_t dim) {
+  return rows * (dim / 2 + 1 + playground_cpu::kChunkKeys * 3 / 2 + 1 + 2 * dim + 2) +
+         playground_cpu::kChunkKeys * dim / 2;
+}
+
+PLAYGROUND_INLINE Int8Work carve_int8_work(float* work, int64_t rows, int64_t dim) {
+  using playground_cpu::kChunkKeys;
+  Int8Work w;
+  w.queries = reinterpret_cast<int16_t*>(work);
+  w.query_scale = work + rows * dim / 2;
+  w.raw = reinterpret_cast<int32_t*>(w.query_scale + rows);
+  w.weights = reinterpret_cast<int16_t*>(w.raw + rows * kChunkKeys);
+  w.correction = reinterpret_cast<float*>(w.weights + rows * kChunkKeys);
+  w.sums = reinterpret_cast<int32_t*>(w.correction + rows);
+  w.accumulators = reinterpret_cast<float*>(w.sums + rows * dim);
+  w.running_max = w.accumulators + rows * dim;
+  w.running_sum = w.running_max + rows;
+  w.scratch = reinterpret_cast<int16_t*>(w.running_sum + rows);
+  return w;
+}
+
+// attend_item_dim for an int8 pool in integers (int8_kv.cpp): each query row quantized to int16 once, then per chunk
+// its scores as exact integer dot products with the int8 keys (times the row's and each key's scale), its softmax
+// weights times each value row's scale quantized to int16 (one scale per row and chunk), and their integer sums
+// with the int8 values added into the float accumulators. Nothing of the pool is widened to float32.
+template <int W, int DIM>
+PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& item, float* work) {
+  using playground_cpu::kChunkKeys;
+  const vec<W> lane_index = lane_indices<W>();
+  const int64_t dim = DIM ? DIM : s.head_dim;
+  const int64_t stride = dim + KVRow<int8_t>::kExtra;
+  const int8_t* k_head = static_cast<const int8_t*>(item.k_head);
+  const int8_t* v_head = static_cast<const int8_t*>(item.v_head);
+  const int64_t rows = item.count * s.groups;
+  const Int8Work w = carve_int8_work(work, rows, dim);
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* q_row = query_row(s, item, row, dim);
+    float largest = 0.f;
+    for (int64_t d = 0; d < dim; ++d) largest = std::max(largest, std::fabs(q_row[d]));
+    const float row_scale = largest * s.scale / kInt16Max;
+    const float inverse = largest > 0.f ? kInt16Max / largest : 0.f;
+    for (int64_t d = 0; d < dim; d += W) store_rounded_int16<W>(w.queries + row * dim + d, load<W>(q_row + d) * inverse);
+    w.query_scale[row] = row_scale;
+  }
+  std::fill(w.accumulators, w.accumulators + rows * dim, 0.f);
+  std::fill(w.running_max, w.running_max + rows, kNegInf);
+  std::fill(w.running_sum, w.running_sum + rows, 0.f);
+  const playground_cpu::Int8KVOps& ops = *s.int8_ops;
+  alignas(64) float key_scale[W] = {}, value_scale[W] = {};
+  const int64_t step = std::min<int64_t>(W, s.block_size);
+  for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
+    const Chunk chunk = chunk_at(s, item, position0, step);
+    prefetch_ahead(s, item, position0, step, stride);
+    const int8_t* keys = k_head + chunk.slot0 * stride;
+    const int8_t* values = v_head + chunk.slot0 * stride;
+    for (int64_t t = 0; t < chunk.count; ++t) {
+      key_scale[t] = KVRow<int8_t>::scale(keys + t * stride, dim);
+      value_scale[t] = KVRow<int8_t>::scale(values + t * stride, dim);
+    }
+    ops.scores(keys, stride, chunk.count, w.queries, rows, dim, w.scratch, w.raw);
+    // Every row's weights are at most 1 times a value row's scale: one int16 scale for the chunk covers them all.
+    const vec<W> value_scales = lane_index < static_cast<float>(chunk.count) ? load<W>(value_scale) : vec<W>{};
+    const float largest_value_scale = lane_max<W>(value_scales);
+    const float weight_scale = largest_value_scale / kInt16Max;
+    const vec<W> to_int16 = value_scales * (largest_value_scale > 0.f ? kInt16Max / largest_value_scale : 0.f);
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t visible = visible_in_chunk(item, row / s.groups, position0, chunk.count);
+      vec<W> weights = {};
+      w.correction[row] = 1.f;
+      if (visible > 0) {
+        ivec<W> raw;
+        std::memcpy(&raw, w.raw + row * kChunkKeys, sizeof(raw));
+        const vec<W> scores = __builtin_convertvector(raw, vec<W>) * (load<W>(key_scale) * w.query_scale[row]);
+        const vec<W> p = softmax_step<W>(scores, visible, w.running_max[row], w.running_sum[row], w.correction[row]);
+        weights = lane_index < static_cast<float>(visible) ? p * to_int16 : vec<W>{};
+      }
+      store_rounded_int16<W>(w.weights + row * kChunkKeys, weights);
+    }
+    ops.values(values, stride, chunk.count, w.weights, rows, dim, w.scratch, w.sums);
+    for (int64_t row = 0; row < rows; ++row) {
+      float* acc = w.accumulators + row * dim;
+      const int32_t* sums = w.sums + row * dim;
+      const float correction = w.correction[row];
+      for (int64_t d = 0; d < dim; d += W) {
+        ivec<W> sum;
+        std::memcpy(&sum, sums + d, sizeof(sum));
+        store<W>(acc + d, load<W>(acc + d) * correction + __builtin_convertvector(sum, vec<W>) * weight_scale);
+      }
     }
   }
+  write_outputs(s, item, dim, w.accumulators, w.running_sum);
 }
 
 template <int W, typename T>
@@ -298,19 +458,37 @@ PLAYGROUND_INLINE void attend_item_rows(const PagedShape& s, const AttendItem& i
 }
 
 template <int W>
+PLAYGROUND_INLINE void attend_int8_rows(const PagedShape& s, const AttendItem& item, float* work) {
+  switch (s.head_dim) {
+    case 64: attend_item_int8<W, 64>(s, item, work); break;
+    case 128: attend_item_int8<W, 128>(s, item, work); break;
+    default: attend_item_int8<W, 0>(s, item, work); break;
+  }
+}
+
+template <int W>
 PLAYGROUND_INLINE void attend_item(const PagedShape& s, const AttendItem& item, float* work) {
   switch (s.kv_kind) {
     case KVKind::kBFloat16: attend_item_rows<W, uint16_t>(s, item, work); break;
-    case KVKind::kInt8: attend_item_rows<W, int8_t>(s, item, work); break;
+    case KVKind::kInt8:
+      if (s.int8_ops) attend_int8_rows<W>(s, item, work);
+      else attend_item_rows<W, int8_t>(s, item, work);
+      break;
     default: attend_item_rows<W, float>(s, item, work); break;
   }
 }
 
+// Whether an int8 pool of this head_dim is read by the integer path (int8_kv.cpp); other dimensions widen its rows.
+bool int8_path_fits(int64_t head_dim) {
+  return head_dim % 32 == 0 && head_dim <= playground_cpu::kMaxInt8HeadDim;
+}
+
 // Floats of `work` one attention item needs: per query row, its scaled query and accumulator (head_dim each),
-// running maximum and sum.
+// running maximum and sum, and a chunk's widened keys and values; or what the integer path carves (Int8Work).
 int64_t attention_work_floats(const PagedShape& s, int64_t max_count) {
   constexpr int64_t kWidestChunk = 16;  // keys a chunk holds at the widest level: its keys and values widened
   const int64_t rows = max_count * s.groups;
+  if (s.int8_ops) return int8_work_floats(rows, s.head_dim);
   return rows * (2 * s.head_dim + 2) + 2 * kWidestChunk * s.head_dim;
 }
 
@@ -509,8 +687,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const int64_t num_seqs = block_tables.size(0), kv_heads = k_cache.size(0);
   TORCH_CHECK(query_start.numel() == num_seqs && query_len.numel() == num_seqs && context_lens.numel() == num_seqs,
               "one query_start, query_len and context_len per block-table row");
+  const playground_cpu::Int8KVOps* int8_ops =
+      kv_kind == KVKind::kInt8 && int8_path_fits(q.size(2)) ? &playground_cpu::int8_kv_ops() : nullptr;
   const PagedShape shape{q.size(1), q.size(1) / kv_heads, q.size(2), block_size, k_cache.size(1),
-                         block_tables.size(1), q.stride(0), static_cast<float>(scale), kv_kind};
+                         block_tables.size(1), q.stride(0), static_cast<float>(scale), kv_kind, int8_ops};
   const int64_t* starts = query_start.data_ptr<int64_t>();
   const int64_t* lens = query_len.data_ptr<int64_t>();
   const int64_t* contexts = context_lens.data_ptr<int64_t>();

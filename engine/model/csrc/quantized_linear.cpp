@@ -25,12 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "integer_lanes.h"
 #include "kernels.h"
 #include "vectors.h"
-
-#if defined(PLAYGROUND_X86_LEVELS)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -153,8 +150,6 @@ void int4_rows_plain(const Pass& p) {
 
 // ---- AVX2: 32 products a step through 16-bit pairs ----
 
-#define PLAYGROUND_AVX2 __attribute__((target("arch=x86-64-v3")))
-
 PLAYGROUND_AVX2 PLAYGROUND_INLINE int32_t sum_lanes_avx2(__m256i v) {
   const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -254,18 +249,6 @@ PLAYGROUND_AVX2 void int4_rows_avx2(const Pass& p) {
 
 // ---- AVX-512 VNNI: 64 products a step into 16 int32 ----
 
-#define PLAYGROUND_VNNI __attribute__((target("arch=x86-64-v4,avx512vnni")))
-
-// The lane sums of four vectors at once, as one vector [sum a, sum b, sum c, sum d]: a transpose-add in 7 steps
-// rather than four separate reductions of 4 steps each.
-PLAYGROUND_VNNI PLAYGROUND_INLINE __m128i sum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
-  const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-  const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
-  const __m512i abcd = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
-  const __m256i half = _mm256_add_epi32(_mm512_castsi512_si256(abcd), _mm512_extracti64x4_epi64(abcd, 1));
-  return _mm_add_epi32(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1));
-}
-
 PLAYGROUND_VNNI PLAYGROUND_INLINE __m128 sum4_ps(__m512 a, __m512 b, __m512 c, __m512 d) {
   const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
   const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
@@ -363,10 +346,6 @@ PLAYGROUND_VNNI void int4_rows_vnni(const Pass& p) {
   if (n < p.last) int4_rows_plain<ROWS>(Pass{p.x, p.first_row, p.weight, p.scales, p.bias, p.y, p.N, n, p.last});
 }
 
-bool cpu_has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni");
-}
 
 #endif  // PLAYGROUND_X86_LEVELS
 
@@ -414,17 +393,15 @@ const PackedKernels kVnni{
 #endif
 #undef PLAYGROUND_ROWS_TABLE
 
-// The kernels for the active kernel level: VNNI where "avx512" runs on a CPU that has it, AVX2 on "avx2" (or an
-// AVX-512 CPU without VNNI), plain C++ on "baseline" and elsewhere.
+// The kernels for the active kernel level (integer_path).
 const PackedKernels& packed_kernels() {
+  switch (integer_path()) {
 #if defined(PLAYGROUND_X86_LEVELS)
-  static const bool vnni = cpu_has_vnni();
-  const char* level = playground_cpu::active_level_name();  // read on every call: tests switch levels
-  const bool avx512 = std::strcmp(level, "avx512") == 0;
-  if (avx512 && vnni) return kVnni;
-  if (avx512 || std::strcmp(level, "avx2") == 0) return kAvx2;
+    case IntegerPath::kVnni: return kVnni;
+    case IntegerPath::kAvx2: return kAvx2;
 #endif
-  return kPlain;
+    default: return kPlain;
+  }
 }
 
 // Which instructions packed_linear runs now ("vnni", "avx2" or "plain"): tests compare every one.

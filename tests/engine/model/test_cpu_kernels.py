@@ -91,6 +91,42 @@ def test_paged_attention_matches_reference_and_never_reads_unwritten_slots(heads
 
 # How far attention over a pool of each format may be from attention over the float32 values it stored.
 STORED_TOLERANCE = {torch.bfloat16: 2e-2, torch.int8: 5e-2}
+# How far the int8 pool's integer path (head_dim a multiple of 32) may be from attention over the dequantized pool:
+# it rounds each query row and each chunk's weights to 16 bits (a few parts in 10^5), where the pool's own 8-bit
+# rounding moves the output by up to STORED_TOLERANCE.
+INTEGER_PATH_TOLERANCE = 2e-4
+
+
+@pytest.mark.parametrize("dim", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("count", [1, 3, 4, 7, 16])
+def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
+    """The integer path of int8 attention (csrc/int8_kv.cpp): a chunk's scores (int16 queries times int8 keys) and
+    its weighted sums of values (int16 weights times int8 values) equal torch's integer matmuls exactly, at every
+    level (VNNI, AVX2, plain), for odd key counts (the last pair's partner weighs 0) and the extreme values."""
+    generator = torch.Generator().manual_seed(dim + count)
+    rows = 5
+    keys = torch.randint(-128, 128, (count, dim + 4), dtype=torch.int8, generator=generator)
+    values = torch.randint(-128, 128, (count, dim + 4), dtype=torch.int8, generator=generator)
+    keys[0, :dim], values[0, :dim] = -128, -128  # the largest products the bounds allow
+    queries = torch.randint(-32767, 32768, (rows, dim), dtype=torch.int16, generator=generator)
+    queries[0] = -32767
+    weights = torch.zeros(rows, 16, dtype=torch.int16)
+    weights[:, :count] = torch.randint(0, 32768, (rows, count), dtype=torch.int16, generator=generator)
+    weights[0, :count] = 32767
+    expected_scores = queries.long() @ keys[:, :dim].long().T
+    expected_sums = weights[:, :count].long() @ values[:, :dim].long()
+    paths = set()
+    first = cpu_kernels.kernel_levels()[0]
+    try:
+        for level in cpu_kernels.kernel_levels():
+            cpu_kernels.use_kernel_level(level)
+            paths.add(torch.ops.playground_cpu.int8_kv_path())
+            scores, sums = torch.ops.playground_cpu.int8_kv_chunk_sums(keys, values, queries, weights)
+            assert torch.equal(scores.long(), expected_scores), level
+            assert torch.equal(sums.long(), expected_sums), level
+    finally:
+        cpu_kernels.use_kernel_level(first)
+    assert {"plain"} | ({"avx2"} & set(cpu_kernels.kernel_levels())) <= paths
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.int8, torch.bfloat16])
@@ -104,7 +140,8 @@ def test_paged_attention_reads_int8_and_bfloat16_pools_in_place(kv_dtype, heads,
     out, expected, exact = paged_case(heads, kv_heads, dim, block_size, query_lens=[1, 3, 1, 5, 32],
                                       context_lens=[1, 40, 17, 61, 33], kv_dtype=kv_dtype)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, expected, atol=ATOL, rtol=1e-4)
+    integer_path = kv_dtype == torch.int8 and dim % 32 == 0
+    torch.testing.assert_close(out, expected, atol=INTEGER_PATH_TOLERANCE if integer_path else ATOL, rtol=1e-4)
     torch.testing.assert_close(out, exact, atol=STORED_TOLERANCE[kv_dtype], rtol=0)
     assert not torch.equal(expected, exact)  # the format really rounds
 
