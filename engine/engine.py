@@ -299,21 +299,28 @@ class Engine:
         dashboard shows without starting the measurement."""
         return self._held_out_perplexity
 
-    def next_token_log_probs(self, texts: list[str] | None = None) -> Iterator[ScoredWindow]:
+    def next_token_log_probs(self, texts: list[str] | None = None,
+                             chunk_tokens: int | None = None) -> Iterator[ScoredWindow]:
         """The next-token log-probabilities over the whole vocabulary at every scored position of `texts` (or of
         the demo model's held-out text), window by window: the windows and forward pass `perplexity()` uses.
+
+        `chunk_tokens` runs each window as steps of that many tokens over the cache the earlier steps wrote, as
+        decode and chunked prefill do, instead of one prefill (the native backend's attention over the KV pool
+        then scores what a generated token sees: with `kv_cache_dtype=int8`, its integer path).
 
         Each `ScoredWindow` holds its token ids and a [tokens - 1, vocab] float32 tensor; the engine scores the
         next window only once the caller has taken the last, so memory stays bounded by one or two windows.
         Scoring starts at the first `next()`; closing the iterator early stops it.
         """
-        return self._scored(self._scoring_job(texts))
+        if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+            raise RequestError(f"chunk_tokens must be a positive number of tokens, got {chunk_tokens!r}")
+        return self._scored(self._scoring_job(texts, chunk_tokens))
 
     def _perplexity(self, texts: list[str] | None, progress: Callable[[int, int], None] | None) -> PerplexityResult:
         job = self._scoring_job(texts)
         return perplexity_of(self._scored(job), len(job.windows), job.source, progress)
 
-    def _scoring_job(self, texts: list[str] | None) -> ScoringJob:
+    def _scoring_job(self, texts: list[str] | None, chunk_tokens: int | None = None) -> ScoringJob:
         """The windows of `texts` (None: the held-out text) as a job, validated before anything is queued."""
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: scoring needs text")
@@ -328,7 +335,7 @@ class Engine:
         stream = token_stream([self.tokenizer.encode(text, add_special_tokens=False) for text in texts],
                               self.tokenizer.bos_token_id)
         window = min(DEFAULT_WINDOW, self.config.max_model_len - 1)
-        return ScoringJob(token_windows(stream, window), source, self._wake_for_scoring)
+        return ScoringJob(token_windows(stream, window), source, self._wake_for_scoring, chunk_tokens)
 
     def _scored(self, job: ScoringJob) -> Iterator[ScoredWindow]:
         with self._wakeup:
@@ -378,7 +385,7 @@ class Engine:
         if job is None:
             return
         try:
-            log_probs = backend.score(job.next_window())
+            log_probs = backend.score(job.next_window(), job.chunk_tokens)
         except Exception as error:  # a failed measurement fails its caller only
             log.error("scoring a window failed:\n%s", traceback.format_exc())
             job.fail(f"{type(error).__name__}: {error}")

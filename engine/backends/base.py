@@ -41,11 +41,12 @@ class Backend(Protocol):
         many in one call) is passed to `record` before its tokens reach their requests, so a caller
         who has its output can already see the step. Requests that finish are taken out."""
 
-    def score(self, token_ids: list[int]) -> torch.Tensor | None:
+    def score(self, token_ids: list[int], chunk_tokens: int | None = None) -> torch.Tensor | None:
         """The next-token log-distribution over the vocabulary after each of token_ids[:-1] ([len - 1, vocab],
         float32 on the CPU), through this backend's own forward pass (the perplexity of the loaded configuration
-        and the comparison of two). Called on the loop thread between steps; None when it cannot run now (its KV
-        cache is busy), to be asked again after a step."""
+        and the comparison of two), in steps of `chunk_tokens` over the cache where the backend has one of its
+        own (Engine.next_token_log_probs). Called on the loop thread between steps; None when it cannot run now
+        (its KV cache is busy), to be asked again after a step."""
 
     def stats(self) -> EngineStats:
         """Current figures."""

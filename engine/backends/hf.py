@@ -340,8 +340,9 @@ class HFBackend:
         """transformers' steps happen inside its own generate loops: not profiled section by section."""
         return None
 
-    def score(self, token_ids: list[int]) -> torch.Tensor:
-        """Next-token log-probabilities after each of token_ids[:-1], from one transformers forward pass."""
+    def score(self, token_ids: list[int], chunk_tokens: int | None = None) -> torch.Tensor:
+        """Next-token log-probabilities after each of token_ids[:-1], from one transformers forward pass: its
+        attention reads K/V in the model's dtype whatever the chunking, so `chunk_tokens` would compute the same."""
         with torch.no_grad():  # not inference_mode, as in `_generate_batch`
             logits = self.model(input_ids=torch.tensor([token_ids], device=self.device)).logits[0, :-1]
         return next_token_log_probs(logits)

@@ -221,8 +221,9 @@ class NativeBackend:
             log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
             request.finish("error", f"{type(error).__name__}: {error}")
 
-    def score(self, token_ids: list[int]) -> torch.Tensor | None:
-        """Next-token log-probabilities after each of token_ids[:-1], by one prefill of the whole window.
+    def score(self, token_ids: list[int], chunk_tokens: int | None = None) -> torch.Tensor | None:
+        """Next-token log-probabilities after each of token_ids[:-1], by one prefill of the whole window, or by
+        steps of `chunk_tokens` each attending over the K/V the earlier ones wrote to the pool.
 
         The window's K/V goes to fresh blocks (never the prefix cache), freed right after; None when
         the running requests hold too many blocks for it now.
@@ -231,8 +232,12 @@ class NativeBackend:
         if manager.blocks_needed(len(token_ids)) > manager.num_free_blocks:
             return None
         table = manager.allocate_uncached(SCORING_SEQUENCE_ID, len(token_ids))
+        step = chunk_tokens or len(token_ids)
         try:
-            logits = self.executor.execute(StepPlan([SequenceChunk(list(token_ids), 0, table, len(token_ids))]))
+            logits = torch.cat([
+                self.executor.execute(StepPlan([SequenceChunk(list(token_ids[start:start + step]), start, table,
+                                                              len(token_ids[start:start + step]))]))
+                for start in range(0, len(token_ids), step)])
         finally:
             manager.free(SCORING_SEQUENCE_ID)
         return next_token_log_probs(logits[:-1])

@@ -81,11 +81,13 @@ class ScoringJob:
 
     AHEAD = 1
 
-    def __init__(self, windows: list[list[int]], source: str, wake: Callable[[], None]):
+    def __init__(self, windows: list[list[int]], source: str, wake: Callable[[], None],
+                 chunk_tokens: int | None = None):
         if not windows:
             raise RequestError("the text is too short to score (it needs at least two tokens)")
         self.windows = windows
         self.source = source
+        self.chunk_tokens = chunk_tokens
         self.next_index = 0
         self.error: str | None = None
         self.closed = False

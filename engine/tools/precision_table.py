@@ -140,11 +140,18 @@ def add_ratios(rows: list[dict]) -> None:
         row["greedy_agreement"] = agreement(base["greedy_tokens"], row["greedy_tokens"])["agreeing_token_fraction"]
 
 
+# Quality is scored in steps of this many tokens over the cache, so that every position after a window's first step
+# attends as a generated token does (over the KV pool, through the CPU kernel where it serves decode): a KV format's
+# cost includes how the decode path reads it, not only how it rounds what it stores.
+QUALITY_CHUNK_TOKENS = 16
+
+
 def held_out_quality(engines: dict, reference: int | None) -> dict[int, dict]:
     """Perplexity of every row, and against the reference row the mean KL(p_ref || p_row) over the held-out
     positions and the share whose most likely next token agrees; one pass over every row together, so only one
     window of [positions, vocab] log-probabilities per row is held at a time and the reference is scored once."""
-    streams = {index: engine.next_token_log_probs() for index, engine in engines.items()}
+    streams = {index: engine.next_token_log_probs(chunk_tokens=QUALITY_CHUNK_TOKENS)
+               for index, engine in engines.items()}
     losses = {index: NextTokenLoss() for index in engines}
     kl = dict.fromkeys(engines, 0.0)
     agree = dict.fromkeys(engines, 0)

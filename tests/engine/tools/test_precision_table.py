@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 import engine.config
 from engine import Engine, EngineConfig, SamplingParams, WorkloadSpec
+from engine.core.perplexity import NextTokenLoss
 from engine.overrides import parse_sets
 from engine.tools.bench import main as bench_main
-from engine.tools.precision_table import _timed_run, default_rows, held_out_quality
+from engine.tools.precision_table import QUALITY_CHUNK_TOKENS, _timed_run, default_rows, held_out_quality
 from engine.tools.precision_table import main as table_main
 
 
@@ -69,22 +70,28 @@ def test_kv_dtype_rows_follow_the_configurations_options(monkeypatch):
 
 
 def test_held_out_quality_against_a_direct_computation(tiny_chat_dir):
-    """KL(p_ref || p_row) and top-1 agreement equal a direct computation from each engine's own windows; the
-    reference against itself is 0 and 1, and the perplexity is each engine's own."""
+    """KL(p_ref || p_row) and top-1 agreement equal a direct computation from each engine's own windows, scored in
+    steps of QUALITY_CHUNK_TOKENS as the table scores them; the reference against itself is 0 and 1, and the
+    perplexity is each engine's own over those windows."""
     base = dict(model=tiny_chat_dir, dtype="float32", kv_cache_bytes=2**22)
     with Engine(EngineConfig(**base)) as reference, Engine(EngineConfig(**base, gqa=1)) as pooled:
         figures = held_out_quality({0: reference, 1: pooled}, 0)
-        ref_windows = [w.log_probs.double() for w in reference.next_token_log_probs()]
-        row_windows = [w.log_probs.double() for w in pooled.next_token_log_probs()]
-        perplexities = reference.perplexity().perplexity, pooled.perplexity().perplexity
-    ref, row = torch.cat(ref_windows), torch.cat(row_windows)
+        windows = [list(engine.next_token_log_probs(chunk_tokens=QUALITY_CHUNK_TOKENS))
+                   for engine in (reference, pooled)]
+    perplexities = []
+    for engine_windows in windows:
+        loss = NextTokenLoss()
+        for window in engine_windows:
+            loss.add(window)
+        perplexities.append(loss.perplexity)
+    ref, row = (torch.cat([w.log_probs.double() for w in engine_windows]) for engine_windows in windows)
     kl = (ref.exp() * (ref - row)).sum(-1).mean().item()
     top1 = (ref.argmax(-1) == row.argmax(-1)).double().mean().item()
     assert figures[0]["kl_vs_none"] == 0 and figures[0]["top1_agreement"] == 1
     assert figures[1]["kl_vs_none"] == pytest.approx(kl, rel=1e-9) and kl > 0
     assert figures[1]["top1_agreement"] == pytest.approx(top1) and top1 < 1
     assert F.kl_div(row, ref, log_target=True, reduction="batchmean").item() == pytest.approx(kl, rel=1e-9)
-    assert (figures[0]["perplexity"], figures[1]["perplexity"]) == pytest.approx(perplexities, rel=1e-12)
+    assert [figures[0]["perplexity"], figures[1]["perplexity"]] == pytest.approx(perplexities, rel=1e-12)
 
 
 def test_table_times_a_checkpoint_without_a_tokenizer(tiny_llama_dir, tmp_path):
