@@ -247,7 +247,7 @@ PLAYGROUND_INLINE vec<W> softmax_step(vec<W> scores, int64_t visible, float& run
   const vec<W> lane_index = lane_indices<W>();
   scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
   const float new_max = std::max(running_max, lane_max<W>(scores));
-  correction = std::exp(running_max - new_max);
+  correction = new_max > running_max ? std::exp(running_max - new_max) : 1.f;  // exp(0) without the call
   const vec<W> weights = exp_lanes<W>(scores - new_max);
   running_sum = running_sum * correction + lane_sum<W>(weights);
   running_max = new_max;
