@@ -58,8 +58,9 @@ class LiveCharts:
         if engine is not None:
             steps = engine.step_history(since=now - live_charts.WINDOW_S)
             stats, info = engine.stats(), engine.info
-            session.kv_samples = (live_charts.trim_samples(session.kv_samples, now)
-                                  + [live_charts.kv_sample(stats, now)])
+            session.kv_samples = live_charts.kv_samples_with(session.kv_samples, stats, now, session.config)
+        else:
+            session.kv_samples = []
         session.activity.trim(now, live_charts.WINDOW_S)
         frames = {
             live_charts.THROUGHPUT.name: live_charts.throughput_frame(steps, session.activity, now),
@@ -67,19 +68,13 @@ class LiveCharts:
             live_charts.BATCH.name: live_charts.batch_frame(steps, session.activity, now),
             live_charts.SPECULATIVE.name: live_charts.speculative_frame(steps, now),
         }
-        labels = {live_charts.KV_BLOCKS.name: live_charts.kv_blocks_label(session.kv_samples),
+        titles = {live_charts.KV_BLOCKS.name: live_charts.kv_blocks_label(session.kv_samples),
                   live_charts.SPECULATIVE.name: live_charts.speculative_label(steps)}
-        plots = {}
-        for spec in live_charts.LINE_CHARTS:
-            frame = frames[spec.name]
-            if frame.empty:  # gradio's plots do not recover from a first render without data
-                plots[spec.name] = gr.skip()
-            else:
-                plots[spec.name] = gr.LinePlot(value=frame, label=labels.get(spec.name, spec.title),
-                                               y_lim=[0, live_charts.axis_top(frame[spec.y], spec.integer_y)],
-                                               visible=True)
-        if session.config.speculative == "off":  # the acceptance chart shows only while this configuration speculates
-            plots[live_charts.SPECULATIVE.name] = gr.LinePlot(visible=False)
+        plots = {spec.name: live_charts.line_chart_html(spec, frames[spec.name], titles.get(spec.name))
+                 for spec in live_charts.LINE_CHARTS}
+        # the acceptance chart shows only while this configuration speculates
+        plots[live_charts.SPECULATIVE.name] = gr.HTML(plots[live_charts.SPECULATIVE.name],
+                                                      visible=session.config.speculative != "off")
         rss = psutil.Process().memory_info().rss
         return (ttft_chart(session), plots[live_charts.THROUGHPUT.name],
                 live_charts.memory_html(stats, rss, config_summary(session.config, info)),

@@ -16,7 +16,6 @@ from playground.figures.features import features_html
 from playground.shared.settings import Settings
 
 STORAGE_KEY = "inference-playground-conversation"
-PLOT_HEIGHT = 170
 SAMPLING = ("system_prompt", "max_tokens", "temperature", "top_p", "top_k", "sample_seed", "stop_strings")
 # element id -> glossary term, for the tooltips
 TOOLTIPS = {"system-prompt": "system_prompt", "max-tokens": "max_tokens", "temperature": "temperature",
@@ -65,26 +64,22 @@ def build_chat_column(settings: Settings, ui: dict) -> None:
             ui["export_md"] = gr.DownloadButton("Export Markdown", size="sm", interactive=False, elem_id="export-md")
 
 
-def _line_plot(spec: live_charts.ChartSpec, visible: bool = True) -> gr.LinePlot:
-    # y_lim starts every axis at 0 (gradio's plots do not include zero by themselves); the colour map fixes
-    # each series' colour from the first frame. The block label names the chart before it has data.
-    return gr.LinePlot(x=spec.x, y=spec.y, color="series", color_map=spec.series, color_title=" ", label=spec.title,
-                       show_label=True,
-                       x_title=spec.x_title, y_title=spec.y_title, y_lim=[0, 8 if spec.integer_y else None],
-                       y_axis_format="d" if spec.integer_y else "~s", x_lim=[-live_charts.WINDOW_S, 0],
-                       height=PLOT_HEIGHT, elem_id=f"chart-{spec.name}", elem_classes=["chart"], visible=visible)
+def _line_chart(spec: live_charts.ChartSpec, visible: bool = True) -> gr.HTML:
+    """A time-series chart, empty until the first refresh."""
+    return gr.HTML(live_charts.line_chart_html(spec, live_charts.empty_frame(spec)), elem_id=f"chart-{spec.name}",
+                   elem_classes=["chart-html", "line-chart"], visible=visible)
 
 
 def build_chart_column(ui: dict) -> None:
     """The live charts, added to `ui` by name: TTFT per turn, throughput, memory, KV blocks, batch, speculative
     acceptance (shown while speculating), and quality beside the optimizations with its perplexity button."""
     ui["ttft_chart"] = gr.HTML(live_charts.ttft_html([]), elem_id="chart-ttft", elem_classes=["chart-html"])
-    ui["throughput"] = _line_plot(live_charts.THROUGHPUT)
+    ui["throughput"] = _line_chart(live_charts.THROUGHPUT)
     ui["memory_chart"] = gr.HTML(live_charts.memory_html(None, None, ""), elem_id="chart-memory",
                                  elem_classes=["chart-html"])
-    ui["kv_blocks"] = _line_plot(live_charts.KV_BLOCKS)
-    ui["batch"] = _line_plot(live_charts.BATCH)
-    ui["spec_chart"] = _line_plot(live_charts.SPECULATIVE, visible=False)
+    ui["kv_blocks"] = _line_chart(live_charts.KV_BLOCKS)
+    ui["batch"] = _line_chart(live_charts.BATCH)
+    ui["spec_chart"] = _line_chart(live_charts.SPECULATIVE, visible=False)
     ui["features"] = gr.HTML(features_html(None, None, None, None, None), elem_id="chart-features",
                              elem_classes=["chart-html"])
     ui["measure_ppl"] = gr.Button("Measure perplexity", size="sm", elem_id="measure-ppl")

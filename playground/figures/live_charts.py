@@ -1,4 +1,5 @@
-"""The live charts beside the chat: data frames for the time series, small HTML charts for the rest.
+"""The live charts beside the chat: data frames of the time series, drawn as SVG (`svg_lines`), and small HTML
+bar charts for the rest.
 
 Every chart is a pure function of what the engine reports (per-step history, stats), of the
 session's own turns, or of the session's own activity, so it can be recomputed at any moment
@@ -7,7 +8,7 @@ session's own requests as a separate series, because an engine batches every ses
 its configuration. Times are seconds relative to "now" over a sliding window, as a serving
 dashboard shows them.
 
-TTFT per turn and memory are HTML, not plots: their labels (configuration, prompt length; values
+TTFT per turn and memory are bars, not lines: their labels (configuration, prompt length; values
 that differ by orders of magnitude) must be readable in full, which axis ticks cannot do.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from engine import EngineStats, StepRecord
+from playground.figures.svg_lines import Axes, chart_box, line_svg
 from playground.figures.units import format_bytes
 from playground.shared.activity import SessionActivity
 
@@ -29,34 +31,43 @@ MAX_TTFT_ROWS = 8
 ALL_SESSIONS = "all sessions on this engine"
 
 
+X_TITLE = "time (s, 0 = now)"
+
+
 @dataclass(frozen=True)
 class ChartSpec:
-    """How one time-series chart is drawn: columns, axis titles (with units) and fixed series colours."""
+    """How one time-series chart is drawn: its element name, title, value column, axes and fixed series colours."""
 
     name: str
     title: str
     y: str
-    y_title: str
-    series: dict[str, str]  # series name -> colour, fixed so a series keeps its colour from the first frame
-    x: str = "time_s"
-    x_title: str = "time (s, 0 = now)"
-    integer_y: bool = False
+    axes: Axes
+    series: dict[str, str]  # series name -> colour
 
 
-THROUGHPUT = ChartSpec("throughput", f"Tokens per second · {ALL_SESSIONS}", "tokens_per_s", "tokens / s",
+def _axes(y_title: str, integer_y: bool = False) -> Axes:
+    return Axes(X_TITLE, y_title, x_low=-WINDOW_S, x_high=0.0, integer_y=integer_y, width=400)
+
+
+THROUGHPUT = ChartSpec("throughput", f"Tokens per second · {ALL_SESSIONS}", "tokens_per_s", _axes("tokens / s"),
                        {"prefill (all)": "#a5b4fc", "decode (all)": "#4f46e5", "this session": "#f97316"})
-KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks in use · {ALL_SESSIONS}", "blocks", "blocks (#)",
-                      {"in use (all)": "#0d9488"}, integer_y=True)
-BATCH = ChartSpec("batch", f"Running sequences · {ALL_SESSIONS}", "sequences", "sequences (#)",
-                  {"running (all)": "#4f46e5", "this session": "#f97316"}, integer_y=True)
+KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks in use · {ALL_SESSIONS}", "blocks", _axes("blocks (#)", True),
+                      {"in use (all)": "#0d9488"})
+BATCH = ChartSpec("batch", f"Running sequences · {ALL_SESSIONS}", "sequences", _axes("sequences (#)", True),
+                  {"running (all)": "#4f46e5", "this session": "#f97316"})
 SPECULATIVE = ChartSpec("spec_chart", f"Speculative acceptance · {ALL_SESSIONS}", "acceptance",
-                        "accepted / proposed", {"acceptance (all)": "#7c3aed"})
+                        _axes("accepted / proposed"), {"acceptance (all)": "#7c3aed"})
 LINE_CHARTS = (THROUGHPUT, KV_BLOCKS, BATCH, SPECULATIVE)
 
 
 def _typed(rows: list[dict], dtypes: dict) -> pd.DataFrame:
     """A frame with fixed column types, so an empty first frame does not make an axis categorical."""
     return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
+
+
+def empty_frame(spec: ChartSpec) -> pd.DataFrame:
+    """A chart's frame before anything ran."""
+    return _typed([], {"time_s": float, spec.y: float, "series": object})
 
 
 def _bin_starts() -> list[float]:
@@ -138,9 +149,12 @@ def speculative_label(steps: list[StepRecord]) -> str:
     return f"{SPECULATIVE.title} · {per_step:.2f} tokens per verification step (last {WINDOW_S:.0f} s)"
 
 
-def kv_sample(stats: EngineStats, now: float) -> dict:
-    """One point of the KV block chart, taken from engine stats."""
-    return {"time": now, "used": stats.kv_blocks_used, "total": stats.kv_blocks_total}
+def kv_samples_with(samples: list[dict], stats: EngineStats, now: float, source: object) -> list[dict]:
+    """The KV block chart's samples with one more taken from `stats` now: only those of the same `source` (the
+    serving engine's configuration) within the window, so a configuration change starts a new line instead of
+    drawing the previous engine's blocks beside the new one's."""
+    kept = [s for s in samples if s["source"] == source and now - s["time"] < WINDOW_S]
+    return [*kept, {"time": now, "used": stats.kv_blocks_used, "total": stats.kv_blocks_total, "source": source}]
 
 
 def kv_blocks_frame(samples: list[dict], now: float) -> pd.DataFrame:
@@ -155,15 +169,12 @@ def kv_blocks_label(samples: list[dict]) -> str:
     return f"KV cache blocks in use · of {total} allocated · {ALL_SESSIONS}" if total else KV_BLOCKS.title
 
 
-def trim_samples(samples: list[dict], now: float) -> list[dict]:
-    return [s for s in samples if now - s["time"] < WINDOW_S]
-
-
-def axis_top(values: pd.Series, integer: bool) -> float:
-    """The y-axis top: the largest value, at least 8 for counts (so that the nice ticks are whole numbers)
-    and at least 1 otherwise (an all-zero series would give the axis an empty range)."""
-    top = float(values.max()) if len(values) else 0.0
-    return max(8, int(math.ceil(top))) if integer else max(1.0, top * 1.05)
+def line_chart_html(spec: ChartSpec, frame: pd.DataFrame, title: str | None = None) -> str:
+    """One time-series chart (HTML): `frame`'s series over the window, each in its fixed colour (a series without
+    points this time keeps its place in the legend)."""
+    lines = {name: list(zip(rows["time_s"], rows[spec.y], strict=True))
+             for name, rows in frame.groupby("series", sort=False)}
+    return chart_box(title or spec.title, line_svg(spec.axes, lines, spec.series, title or spec.title), spec.series)
 
 
 # ----- HTML charts --------------------------------------------------------------------------

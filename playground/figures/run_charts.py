@@ -5,26 +5,20 @@ Why apart from `live_charts`: the chat's charts follow an engine over a sliding 
 follow one run from its first request (time 0) to its last, so two configurations, or this run and
 an earlier one, can be laid over each other. They are drawn from the engine's step records during
 the run, which include any other session's requests the same engine served meanwhile (the note under
-the charts says so).
-
-Why inline SVG and not gr.LinePlot: a Gradio plot keeps the colour scale of its first data and swaps
-only the data afterwards, so a run added to an overlay was not drawn; an SVG drawn here from plain
-numbers shows exactly the runs it is given, and a test can count its lines.
+the charts says so). The drawing itself is `svg_lines`.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from dataclasses import dataclass
 
 from engine import StepRecord
+from playground.figures.svg_lines import Axes, chart_box, line_svg
 
 MAX_BINS = 48
 MIN_BIN_S = 0.05
 PALETTE = ("#4f46e5", "#f97316", "#64748b", "#0d9488", "#db2777", "#65a30d", "#0891b2", "#a16207")
-WIDTH, HEIGHT = 360, 170
-LEFT, RIGHT, TOP, BOTTOM = 44, 10, 8, 30
 CHARTS_NOTE = ("Each run from its first request (time 0) to its last, drawn from the engine's steps meanwhile (another "
                "session's requests on the same engine would show too): output tokens per second in each time bin, "
                "and the largest running batch and KV blocks in use while a step ran in it.")
@@ -32,17 +26,17 @@ CHARTS_NOTE = ("Each run from its first request (time 0) to its last, drawn from
 
 @dataclass(frozen=True)
 class RunChart:
-    """One chart of runs: its name (element ids), title and y-axis title."""
+    """One chart of runs: its name (element ids), title and axes."""
 
     name: str
     title: str
-    y_title: str
-    integer_y: bool = False
+    axes: Axes
 
 
-RUN_THROUGHPUT = RunChart("run_throughput", "Output tokens / s", "tokens / s")
-RUN_BATCH = RunChart("run_batch", "Running batch", "sequences", integer_y=True)
-RUN_KV = RunChart("run_kv", "KV blocks in use", "blocks", integer_y=True)
+X_TITLE = "seconds since the first request"
+RUN_THROUGHPUT = RunChart("run_throughput", "Output tokens / s", Axes(X_TITLE, "tokens / s", width=300))
+RUN_BATCH = RunChart("run_batch", "Running batch", Axes(X_TITLE, "sequences", integer_y=True, width=300))
+RUN_KV = RunChart("run_kv", "KV blocks in use", Axes(X_TITLE, "blocks", integer_y=True, width=300))
 RUN_CHARTS = (RUN_THROUGHPUT, RUN_BATCH, RUN_KV)
 
 
@@ -91,67 +85,14 @@ def run_series(timelines: list[Timeline], until: float | None = None) -> dict[st
     return series
 
 
-def nice_top(value: float, integer: bool) -> float:
-    """An axis top at or above `value` that splits into 4 round ticks (at least 4 for counts, 1 otherwise)."""
-    if value <= 0:
-        return 4 if integer else 1.0
-    raw = value / 4
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(s * magnitude for s in (1, 2, 2.5, 5, 10) if s * magnitude >= raw)
-    if integer:
-        step = max(1, math.ceil(step))
-    return step * 4
-
-
-def _tick(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:g}k"
-    return f"{value:g}"
-
-
-def _svg(chart: RunChart, lines: dict[str, list[tuple]], colours: dict[str, str]) -> str:
-    x_top = nice_top(max((t for points in lines.values() for t, _ in points), default=0.0), False)
-    y_top = nice_top(max((v for points in lines.values() for _, v in points), default=0.0), chart.integer_y)
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-
-    def x(t: float) -> float:
-        return LEFT + plot_w * t / x_top
-
-    def y(v: float) -> float:
-        return TOP + plot_h * (1 - v / y_top)
-
-    parts = []
-    for index in range(5):
-        value = y_top * index / 4
-        level = y(value)
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{level:.1f}" y2="{level:.1f}"/>'
-                     f'<text class="tick" x="{LEFT - 4}" y="{level + 3:.1f}" text-anchor="end">{_tick(value)}</text>')
-    for index in range(5):
-        t = x_top * index / 4
-        parts.append(f'<text class="tick" x="{x(t):.1f}" y="{HEIGHT - BOTTOM + 12}" text-anchor="middle">'
-                     f'{t:.2g}</text>')
-    parts.append(f'<text class="axis" x="{LEFT + plot_w / 2}" y="{HEIGHT - 4}" text-anchor="middle">seconds since '
-                 'the first request</text>')
-    parts.append(f'<text class="axis" transform="rotate(-90)" x="{-(TOP + plot_h / 2):.1f}" y="11" '
-                 f'text-anchor="middle">{html.escape(chart.y_title)}</text>')
-    for label, points in lines.items():
-        path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in [(0.0, points[0][1]), *points])
-        parts.append(f'<polyline class="run-line" data-series="{html.escape(label)}" points="{path}" '
-                     f'stroke="{colours[label]}"/>')
-    return (f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{html.escape(chart.title)}">'
-            f'{"".join(parts)}</svg>')
-
-
 def run_charts_html(timelines: list[Timeline], until: float | None = None) -> tuple[str, ...]:
     """The three charts (HTML) of `timelines` overlaid, in RUN_CHARTS order, each with its legend; placeholders
-    before any run."""
+    before any run. Each run's line starts at time 0 at its first bin's value."""
     if not timelines:
-        return tuple(f'<div class="run-chart-box"><div class="hchart-title">{html.escape(chart.title)}</div>'
-                     '<div class="hchart-empty">no run yet</div></div>' for chart in RUN_CHARTS)
+        return tuple(chart_box(chart.title, '<div class="hchart-empty">no run yet</div>', {}) for chart in RUN_CHARTS)
     colours = {t.label: t.colour or PALETTE[index % len(PALETTE)] for index, t in enumerate(timelines)}
     series = run_series(timelines, until)
-    legend = "".join(f'<span class="key" style="background:{colour}"></span>{html.escape(label)}'
-                     for label, colour in colours.items())
-    return tuple(f'<div class="run-chart-box"><div class="hchart-title">{html.escape(chart.title)}</div>'
-                 f'{_svg(chart, series[chart.name], colours)}<div class="hchart-legend">{legend}</div></div>'
+    return tuple(chart_box(chart.title, line_svg(chart.axes, {label: [(0.0, points[0][1]), *points]
+                                                              for label, points in series[chart.name].items()},
+                                                 colours, chart.title), colours)
                  for chart in RUN_CHARTS)

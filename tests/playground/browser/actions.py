@@ -20,8 +20,9 @@ BROWSER_MARKS = [
 MARK_STATUS = "() => document.querySelectorAll('#apply-status .apply-status').forEach(e => e.dataset.old = '1')"
 
 
-def open_page(browser, url, width=1600, height=1000):
-    page = browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
+def open_page(browser, url, width=1600, height=1000, page=None):
+    """Load the playground in `page` (by default a new one of that size) and wait for its engine pool."""
+    page = page or browser.new_page(viewport={"width": width, "height": height}, accept_downloads=True)
     page.goto(url)
     page.wait_for_selector("#chat", timeout=30_000)
     page.wait_for_function("document.querySelector('#pool') && document.querySelector('#pool').innerText"
@@ -60,3 +61,19 @@ def tall_screenshot(page, path, height: int) -> None:
     page.wait_for_timeout(300)
     page.screenshot(path=str(path))
     page.set_viewport_size({"width": 1440, "height": 1000})
+
+
+AXIS_TITLES = """chart => [...document.querySelectorAll(chart + ' svg text.axis')].map(t => {
+    const r = t.getBoundingClientRect(), box = document.querySelector(chart).getBoundingClientRect();
+    const [red, green, blue] = getComputedStyle(t).fill.match(/\\d+/g).map(Number);
+    return {text: t.textContent, height: r.height, inside: r.left >= box.left && r.top >= box.top &&
+            r.right <= box.right && r.bottom <= box.bottom, lightness: (red + green + blue) / 3}; })"""
+
+
+def assert_axes_readable(page, chart: str) -> None:
+    """Both axis titles of a line chart are drawn whole inside its box, at least 9 px high and dark."""
+    titles = page.evaluate(AXIS_TITLES, chart)
+    assert len(titles) == 2, f"{chart}: axis titles {titles}"
+    for title in titles:
+        assert title["text"] and title["inside"], f"{chart}: clipped {title}"
+        assert title["height"] >= 9 and title["lightness"] < 110, f"{chart}: hard to read {title}"

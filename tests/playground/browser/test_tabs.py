@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import json
 
-from tests.playground.browser.actions import BROWSER_MARKS, fill_text, open_page, open_tab, tall_screenshot
+from tests.playground.browser.actions import (
+    BROWSER_MARKS,
+    assert_axes_readable,
+    fill_text,
+    open_page,
+    open_tab,
+    tall_screenshot,
+)
 
 pytestmark = BROWSER_MARKS
 
@@ -47,6 +54,7 @@ def test_compare_shows_both_outputs_their_differences_the_ratio_table_and_overla
     assert page.locator("#cmp-outputs .cmp-output[data-side=baseline] .tok-diff").count() == 0
     for chart in ("#cmp-chart-run_throughput", "#cmp-chart-run_batch", "#cmp-chart-run_kv"):
         assert lines_drawn(page, chart) == ["A", "B", "baseline"]
+        assert_axes_readable(page, chart)
     tall_screenshot(page, shots / "compare.png", 2000)
 
 
@@ -109,6 +117,7 @@ def test_benchmark_runs_with_progress_cancels_exports_and_overlays(served, page,
     page.wait_for_function("document.querySelectorAll('#bench-chart-run_batch polyline').length == 2",
                            timeout=10_000)
     assert lines_drawn(page, "#bench-chart-run_kv") == ["run 2", "run 3"]
+    assert_axes_readable(page, "#bench-chart-run_kv")
     history = page.inner_text("#bench-history")
     assert "run 2" in history and "run 3" in history and "×" in history
     tall_screenshot(page, shots / "benchmark.png", 1750)

@@ -3,12 +3,12 @@ engine-wide charts with this session apart, memory and TTFT."""
 
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 
 from engine import EngineStats, RequestMetrics, StepRecord
 from playground.figures import live_charts
 from playground.figures.replies import figures_html, reply_figures
+from playground.figures.svg_lines import nice_top
 from playground.shared.activity import SessionActivity
 
 
@@ -41,10 +41,14 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
     latest = batch[batch["time_s"] == 0.0].set_index("series")["sequences"]
     assert latest["running (all)"] == 3 and latest["this session"] == 1
     assert batch[batch["series"] == "this session"]["sequences"].sum() == 1  # the request began in the last bin
-    assert live_charts.axis_top(batch["sequences"], integer=True) == 8
-    assert live_charts.axis_top(pd.Series([3.0, 12.2]), integer=True) == 13
-    assert live_charts.axis_top(pd.Series([0.0, 0.0]), integer=False) == 1.0  # never an empty range
     assert "all sessions on this engine" in live_charts.THROUGHPUT.title
+    drawn = live_charts.line_chart_html(live_charts.BATCH, batch)
+    assert 'data-series="running (all)"' in drawn and 'data-series="this session"' in drawn
+
+
+def test_axis_tops_are_round_and_never_an_empty_range():
+    assert nice_top(12.2, integer=True) == 20 and nice_top(3.0, integer=True) == 4
+    assert nice_top(0.0, integer=False) == 1.0 and nice_top(0.37, integer=False) == 0.4
 
 
 def test_memory_chart_shows_each_figure_of_this_engine_and_the_process_apart():

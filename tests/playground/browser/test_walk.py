@@ -1,0 +1,145 @@
+"""A walk of the whole playground in a real headless Chromium that fails on what the browser console reports.
+
+Every tab at 1400 px and at 400 px wide (a screenshot of each goes to PLAYGROUND_SCREENSHOT_DIR when set), then
+every preset and every quantization, GQA, speculative and tensor-parallel choice this host offers, each applied
+from the panel and asked one short question, its reply labelled with the whole configuration. Any console error,
+uncaught script error or console warning fails the walk, except the allow-listed warnings below, each outside the
+project's control. The demo model and short replies keep it to a few minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engine import unavailable_reason
+from engine.presets import list_presets
+from playground.engine_panel.choices import usable_choices
+from playground.figures.configuration import config_tag
+from tests.playground.browser.actions import (
+    BROWSER_MARKS,
+    MARK_STATUS,
+    assert_axes_readable,
+    open_page,
+    open_tab,
+    pick,
+    wait_applied,
+)
+
+pytestmark = BROWSER_MARKS
+
+# Each tab, and what shows once it has drawn.
+TABS = {"Chat": "#chat", "Compare": "#cmp-run", "Benchmark": "#bench-run", "Roofline": "#rl-probe",
+        "Glossary": "#glossary"}
+# Console warnings the project cannot act on, each with its reason (a warning matching none fails the walk).
+ALLOWED_WARNINGS: dict[str, str] = {}
+
+
+class Console:
+    """What a page printed to its console and the script errors it raised, from before it loaded."""
+
+    def __init__(self, page):
+        self.problems: list[str] = []
+        page.on("console", self._message)
+        page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
+
+    def _message(self, message) -> None:
+        allowed = any(re.search(pattern, message.text) for pattern in ALLOWED_WARNINGS)
+        if message.type == "error" or (message.type == "warning" and not allowed):
+            self.problems.append(f"{message.type}: {message.text[:300]}")
+
+    def assert_clean(self) -> None:
+        assert not self.problems, f"{len(self.problems)} console problems, first: {self.problems[:5]}"
+
+
+@pytest.fixture(scope="module")
+def walked(served, browser):
+    """One wide page for the panel walk, with its console."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    console = Console(page)
+    open_page(browser, served[1], page=page)
+    yield page, console
+    page.close()
+
+
+@pytest.mark.parametrize("width", [1400, 400])
+def test_every_tab_shows_at_wide_and_narrow_widths(served, browser, shots, width):
+    page = browser.new_page(viewport={"width": width, "height": 1000})
+    console = Console(page)
+    try:
+        open_page(browser, served[1], page=page)
+        for tab, shown in TABS.items():
+            assert page.get_by_role("tab", name=tab).is_visible(), f"the {tab} tab is hidden at {width} px"
+            open_tab(page, tab)
+            page.wait_for_selector(shown, state="visible", timeout=15_000)
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(shots / f"walk-{width}-{tab.lower()}.png"))
+            assert page.evaluate("document.documentElement.scrollWidth") <= width + 10, f"{tab} scrolls sideways"
+        console.assert_clean()
+    finally:
+        page.close()
+
+
+def ask(page) -> str:
+    """Send a short question and return the label of its TTFT row once the reply finished."""
+    rows = page.locator("#chart-ttft .hrow").count()
+    page.fill("#message textarea", "What is a KV block?")
+    page.press("#message textarea", "Enter")
+    page.wait_for_function(f"document.querySelectorAll('#chart-ttft .hrow').length > {rows} && "
+                           "!document.querySelector('#chat .thinking, #chat .msg-figures.live')", timeout=90_000)
+    return page.locator("#chart-ttft .hrow .hlabel").last.inner_text()
+
+
+def apply_and_ask(served, page) -> None:
+    """Apply the panel, ask, and check that the reply's label names the loaded engine's whole configuration."""
+    page.wait_for_selector("#check .check.ok", timeout=10_000)
+    page.evaluate(MARK_STATUS)
+    page.click("#apply")
+    status = wait_applied(page)
+    assert re.match("Loaded|Sharing", status), status
+    label = ask(page)
+    engine = min(served[0].pool.entries(), key=lambda entry: entry.idle_seconds).engine  # the one that replied
+    assert config_tag(engine.config, engine.info) in label, label
+
+
+def test_every_preset_applies_cleanly(served, walked):
+    page, console = walked
+    page.set_default_timeout(15_000)
+    for preset in list_presets():
+        pick(page, "#preset", preset)
+        status = wait_applied(page)
+        assert re.match("Loaded|Sharing", status), f"{preset}: {status}"
+        if preset.startswith("speculative"):
+            label = ask(page)
+            assert "spec" in label, label
+    console.assert_clean()
+
+
+def test_every_choice_the_host_offers_applies_cleanly(served, walked):
+    """Each choice from the defaults (the continuous preset), then back, so each is applied on its own."""
+    page, console = walked
+    pick(page, "#preset", "continuous")
+    wait_applied(page)
+    for value in usable_choices("quantization")[1:]:
+        page.locator(f'#ctl-quantization input[value="{value}"]').click()
+        apply_and_ask(served, page)
+    page.locator('#ctl-quantization input[value="none"]').click()
+
+    page.locator("#engine-panel button", has_text="Speculative decoding").click()
+    for value in ("ngram", "draft"):
+        if not unavailable_reason("speculative", value):
+            page.locator(f'#ctl-speculative input[value="{value}"]').click()
+            apply_and_ask(served, page)
+            page.wait_for_selector("#chart-spec_chart svg", state="visible", timeout=10_000)
+            assert_axes_readable(page, "#chart-spec_chart")
+    page.locator('#ctl-speculative input[value="off"]').click()
+
+    page.locator("#engine-panel button", has_text="Attention heads, parallelism, advanced").click()
+    for field in ("gqa", "tensor_parallel_size"):
+        choices = [str(value) for value in usable_choices(field)]
+        for value in choices[1:]:
+            pick(page, f"#ctl-{field}", value)
+            apply_and_ask(served, page)
+        pick(page, f"#ctl-{field}", choices[0])
+    console.assert_clean()
