@@ -34,8 +34,9 @@ def build_chat_column(settings: Settings, ui: dict) -> None:
                     "charts move while it streams.</div>")
     ui["notice"] = gr.HTML(elem_id="chat-notice")
     with gr.Row(elem_id="composer"):
-        ui["message"] = gr.Textbox(show_label=False, placeholder="Message the model… (Enter to send)", scale=8,
-                                   elem_id="message", lines=1, max_lines=6, max_length=settings.max_message_chars)
+        ui["message"] = gr.Textbox(label="message", show_label=False, placeholder="Message the model… (Enter to send)",
+                                   scale=8, elem_id="message", lines=1, max_lines=6,
+                                   max_length=settings.max_message_chars)
         ui["send"] = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="send")
         ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[], label="try asking",

@@ -75,8 +75,9 @@ def build_compare_tab(context: PlaygroundContext, ui: dict) -> None:
                                       layout="bubble", visible=label != "baseline", buttons=["copy"])
         ui["cmp_notice"] = gr.HTML(elem_id="cmp-notice")
         with gr.Row():
-            ui["cmp_message"] = gr.Textbox(show_label=False, placeholder="Message A and B… (Enter to send)", scale=8,
-                                           elem_id="cmp-message", max_length=settings.max_message_chars)
+            ui["cmp_message"] = gr.Textbox(label="message to every side", show_label=False, scale=8,
+                                           placeholder="Message A and B… (Enter to send)", elem_id="cmp-message",
+                                           max_length=settings.max_message_chars)
             ui["cmp_send"] = gr.Button("Send to both", variant="primary", scale=1, elem_id="cmp-send")
             ui["cmp_chat_clear"] = gr.Button("Clear", scale=1, elem_id="cmp-chat-clear")
 

@@ -372,6 +372,13 @@ def test_chart_axes_are_readable(page):
     assert ticks and all(re.fullmatch(r"-?\d+", t) for t in ticks), f"fractional sequences on the axis: {ticks}"
 
 
+# Whether a text box's placeholder fits on one line of the box (measured in the box's own font).
+PLACEHOLDER_FITS = """box => { const t = document.querySelector(box), style = getComputedStyle(t);
+    const context = document.createElement('canvas').getContext('2d'); context.font = style.font;
+    return context.measureText(t.placeholder).width <= t.clientWidth - parseFloat(style.paddingLeft)
+        - parseFloat(style.paddingRight); }"""
+
+
 def test_a_narrow_screen_puts_the_chat_first_and_collapses_the_panel(served, browser, shots):
     narrow = open_page(browser, served[1], width=400, height=860)
     try:
@@ -380,6 +387,7 @@ def test_a_narrow_screen_puts_the_chat_first_and_collapses_the_panel(served, bro
         assert chat["y"] < panel["y"] and chat["width"] > 300
         assert not narrow.locator("#ctl-backend").is_visible(), "the engine panel should start collapsed"
         assert narrow.locator("#message textarea").bounding_box()["y"] < 860, "the composer is below the screen"
+        assert narrow.evaluate(PLACEHOLDER_FITS, "#message textarea"), "the message box's placeholder is cut"
         narrow.screenshot(path=str(shots / "narrow-screen.png"))
         narrow.locator("#engine-acc > .label-wrap").click()
         narrow.wait_for_selector("#ctl-backend", state="visible", timeout=5_000)

@@ -59,17 +59,39 @@ def test_compare_shows_both_outputs_their_differences_the_ratio_table_and_overla
 
 
 def test_chat_with_both_streams_a_reply_in_each_column(page):
+    """Two questions, so that each column scrolls: its label stays clear of the messages scrolled under it."""
     open_tab(page, "Compare")
     page.locator("#cmp-chat > .label-wrap").click()
-    fill_text(page, "#cmp-message", "What does the json module do?")
-    page.locator("#cmp-send").click()
-    page.wait_for_function("document.querySelectorAll('#cmp-chat-a [data-testid=bot]').length > 0 && "
-                           "document.querySelectorAll('#cmp-chat-b [data-testid=bot]').length > 0 && "
-                           "document.querySelectorAll('#cmp-chat-baseline [data-testid=bot]').length > 0 && "
-                           "!document.querySelector('#cmp-chat .msg-figures.live')", timeout=120_000)
+    for turn, question in enumerate(("What does the json module do?", "And the os module?"), start=1):
+        fill_text(page, "#cmp-message", question)
+        page.locator("#cmp-send").click()
+        page.wait_for_function(" && ".join(f"document.querySelectorAll('#cmp-chat-{side} [data-testid=bot]').length "
+                                           f">= {turn}" for side in ("a", "b", "baseline"))
+                               + " && !document.querySelector('#cmp-chat .msg-figures.live')", timeout=120_000)
     page.wait_for_timeout(500)
     for column in ("#cmp-chat-a", "#cmp-chat-b", "#cmp-chat-baseline"):
         assert "engine TTFT" in page.inner_text(column), column
+        layout = page.evaluate(CHAT_LAYOUT, column)
+        assert layout["label"] and not layout["overlaps"], f"{column}: its label covers a message: {layout}"
+        assert layout["gaps"] and min(layout["gaps"]) >= 4, f"{column}: the reply's figures run together: {layout}"
+
+
+# A chat column's label, whether it covers a message, and the gap between each figure chip and the one before it
+# (beside it on the same row, or above it).
+CHAT_LAYOUT = """column => {
+    const box = e => e.getBoundingClientRect(), root = document.querySelector(column);
+    const label = root.querySelector('[data-testid=block-label]');
+    const view = box(root.querySelector('[role=log]'));  // the messages scroll inside it: what shows of each
+    const messages = [...root.querySelectorAll('[data-testid=bot], [data-testid=user]')].map(box).map(m => ({
+        left: m.left, right: m.right, top: Math.max(m.top, view.top), bottom: Math.min(m.bottom, view.bottom)}));
+    const l = label && box(label);
+    const overlaps = !!l && messages.some(m => m.left < l.right && l.left < m.right && m.top < l.bottom
+                                                && l.top < m.bottom);
+    const chips = [...root.querySelectorAll('.msg-figures .fig')].map(box), gaps = [];
+    for (let i = 1; i < chips.length; i++)
+        gaps.push(Math.abs(chips[i].top - chips[i - 1].top) < 2 ? chips[i].left - chips[i - 1].right
+                                                                : chips[i].top - chips[i - 1].bottom);
+    return {label: label && label.textContent.trim(), overlaps, gaps}; }"""
 
 
 def test_benchmark_runs_with_progress_cancels_exports_and_overlays(served, page, shots):

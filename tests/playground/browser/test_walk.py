@@ -32,6 +32,18 @@ pytestmark = BROWSER_MARKS
 # Each tab, and what shows once it has drawn.
 TABS = {"Chat": "#chat", "Compare": "#cmp-run", "Benchmark": "#bench-run", "Roofline": "#rl-probe",
         "Glossary": "#glossary"}
+# What else a tab's walk opens, so that its folded controls show too.
+UNFOLD = {"Compare": "#cmp-chat > .label-wrap"}
+# The visible labels (shown, or read out by a screen reader) that Gradio gives a control nobody named.
+UNNAMED = """() => [...document.querySelectorAll('[data-testid=block-info], [data-testid=block-label]')]
+    .filter(label => label.closest('.block') && label.closest('.block').offsetParent !== null)
+    .map(label => label.textContent.trim())
+    .filter(text => ['Textbox', 'Number', 'Slider', 'Dropdown', 'Checkbox', 'Radio', 'Chatbot', 'HTML']
+        .includes(text))"""
+# The shown sliders whose minimum, track and maximum overflow their row (the maximum shows cut, "51" for 512).
+CUT_SLIDERS = """() => [...document.querySelectorAll('.slider_input_container')]
+    .filter(row => row.offsetParent !== null && row.scrollWidth > row.clientWidth + 1)
+    .map(row => row.closest('.block').id)"""
 # Console warnings the project cannot act on, each with its reason (a warning matching none fails the walk).
 ALLOWED_WARNINGS: dict[str, str] = {}
 
@@ -73,20 +85,29 @@ def test_every_tab_shows_at_wide_and_narrow_widths(served, browser, shots, width
             assert page.get_by_role("tab", name=tab).is_visible(), f"the {tab} tab is hidden at {width} px"
             open_tab(page, tab)
             page.wait_for_selector(shown, state="visible", timeout=15_000)
+            if tab in UNFOLD:  # a new page: folded
+                page.click(UNFOLD[tab])
             page.wait_for_timeout(300)
             page.screenshot(path=str(shots / f"walk-{width}-{tab.lower()}.png"))
             assert page.evaluate("document.documentElement.scrollWidth") <= width + 10, f"{tab} scrolls sideways"
+            assert not page.evaluate(UNNAMED), f"{tab}: controls without a name"
+            assert not page.evaluate(CUT_SLIDERS), f"{tab}: sliders cut at their ends"
         console.assert_clean()
     finally:
         page.close()
 
 
+LAST_TURN = "(document.querySelector('#chart-ttft .hrow:last-of-type') || {dataset: {turn: 0}}).dataset.turn"
+
+
 def ask(page) -> str:
-    """Send a short question and return the label of its TTFT row once the reply finished."""
-    rows = page.locator("#chart-ttft .hrow").count()
+    """Clear the chat, send a short question and return the label of its TTFT row once the reply finished."""
+    page.click("#clear")
+    page.wait_for_function("document.querySelectorAll('#chat [data-testid=bot]').length == 0", timeout=30_000)
+    turn = page.evaluate(LAST_TURN)
     page.fill("#message textarea", "What is a KV block?")
     page.press("#message textarea", "Enter")
-    page.wait_for_function(f"document.querySelectorAll('#chart-ttft .hrow').length > {rows} && "
+    page.wait_for_function(f"{LAST_TURN} > {turn} && "
                            "!document.querySelector('#chat .thinking, #chat .msg-figures.live')", timeout=90_000)
     return page.locator("#chart-ttft .hrow .hlabel").last.inner_text()
 
