@@ -264,19 +264,14 @@ const playground_cpu::Int8KVOps kPlain{scores_plain, values_plain, "plain"};
 #if defined(PLAYGROUND_X86_LEVELS)
 const playground_cpu::Int8KVOps kAvx2{scores_avx2, values_avx2, "avx2"};
 const playground_cpu::Int8KVOps kVnni{scores_vnni, values_vnni, "vnni"};
+constexpr const playground_cpu::Int8KVOps* kX86[2] = {&kAvx2, &kVnni};
+#else
+constexpr const playground_cpu::Int8KVOps* kX86[2] = {nullptr, nullptr};
 #endif
 
 }  // namespace
 
-const playground_cpu::Int8KVOps& playground_cpu::int8_kv_ops() {
-  switch (integer_path()) {
-#if defined(PLAYGROUND_X86_LEVELS)
-    case IntegerPath::kVnni: return kVnni;
-    case IntegerPath::kAvx2: return kAvx2;
-#endif
-    default: return kPlain;
-  }
-}
+const playground_cpu::Int8KVOps& playground_cpu::int8_kv_ops() { return by_integer_path(kPlain, kX86[0], kX86[1]); }
 
 namespace {
 

@@ -38,6 +38,16 @@ inline IntegerPath integer_path() {
   return IntegerPath::kPlain;
 }
 
+// A file's kernels for the active path, from its plain set and its x86 ones (null where they are not compiled).
+template <typename Kernels>
+const Kernels& by_integer_path(const Kernels& plain, const Kernels* avx2, const Kernels* vnni) {
+  switch (integer_path()) {
+    case IntegerPath::kVnni: return *vnni;
+    case IntegerPath::kAvx2: return *avx2;
+    default: return plain;
+  }
+}
+
 #if defined(PLAYGROUND_X86_LEVELS)
 
 // The lane sums of four vectors at once, as one vector [sum a, sum b, sum c, sum d]: a transpose-add rather than

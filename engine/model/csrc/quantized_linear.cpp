@@ -393,16 +393,14 @@ const PackedKernels kVnni{
 #endif
 #undef PLAYGROUND_ROWS_TABLE
 
-// The kernels for the active kernel level (integer_path).
-const PackedKernels& packed_kernels() {
-  switch (integer_path()) {
 #if defined(PLAYGROUND_X86_LEVELS)
-    case IntegerPath::kVnni: return kVnni;
-    case IntegerPath::kAvx2: return kAvx2;
+constexpr const PackedKernels* kX86[2] = {&kAvx2, &kVnni};
+#else
+constexpr const PackedKernels* kX86[2] = {nullptr, nullptr};
 #endif
-    default: return kPlain;
-  }
-}
+
+// The kernels for the active kernel level (integer_path).
+const PackedKernels& packed_kernels() { return by_integer_path(kPlain, kX86[0], kX86[1]); }
 
 // Which instructions packed_linear runs now ("vnni", "avx2" or "plain"): tests compare every one.
 std::string packed_kernel_name() {
