@@ -289,12 +289,14 @@ class ChatHandlers:
                                       "stored": session.conversation.to_dict(), "ttft_chart": ttft_chart(session)})
 
     def restore(self, session: Session, stored) -> dict:
-        """Page load: the conversation this browser kept, if it is one (checked like any input)."""
+        """Page load: the conversation this browser kept, if it is one (checked like any input), and its replies on
+        the TTFT chart."""
         if not stored or session.conversation.exchanges:
             values = {"chatbot": render_chat(session.conversation)}
         else:
             try:
                 session.conversation = Conversation.from_dict(stored, self.settings.max_message_chars)
+                session.turns = [e for e in session.conversation.exchanges if e.done]  # their rows on the TTFT chart
                 count = len(session.conversation.exchanges)
                 values = {"chatbot": render_chat(session.conversation),
                           "notice": _notice("info", f"restored {count} turn(s) kept by this browser") if count else ""}

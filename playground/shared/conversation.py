@@ -112,7 +112,8 @@ def _exchange_from_dict(item, max_message_chars: int) -> Exchange:
     figures = item.get("figures") or {}
     if not isinstance(figures, dict):
         raise Refused("figures must be an object")
-    clean = {key: _number_or_none(figures.get(key), key) for key in FIGURE_KEYS}
+    # only the figures the reply had: a key added here would show a chip ("spec accept n/a") it never showed
+    clean = {key: _number_or_none(figures[key], key) for key in FIGURE_KEYS if key in figures}
     visible = _number_or_none(item.get("visible_ttft_ms"), "visible_ttft_ms")
     dropped = item.get("dropped_turns", 0)
     if isinstance(dropped, bool) or not isinstance(dropped, int) or not 0 <= dropped <= 10_000:

@@ -171,6 +171,8 @@ def test_a_reload_keeps_the_conversation_of_this_browser(page):
     page.wait_for_function("document.querySelectorAll('#chat .msg-figures').length >= 2", timeout=30_000)
     assert EXAMPLES[0] in page.inner_text("#chat") and "restored 2 turn" in page.inner_text("#chat-notice")
     assert before.split("engine TTFT")[0].strip()[:40] in page.inner_text("#chat")
+    assert "spec accept" not in page.inner_text("#chat"), "restored replies gained a chip they never had"
+    assert page.locator("#chart-ttft .hrow").count() == 2, page.inner_text("#chart-ttft")
 
 
 def ttft_rows(page) -> int:
@@ -278,6 +280,9 @@ def test_presets_are_applied_as_written_and_the_panel_shows_what_loaded(served, 
     page.wait_for_function("document.querySelector('#header').innerText.includes('static ×32')", timeout=10_000)
 
 
+KV_POINTS = "document.querySelector('#chart-kv_blocks polyline').getAttribute('points').split(' ').length"
+
+
 def test_apply_loads_exactly_the_panels_values_and_shows_its_progress(served, page):
     """Fails if the playground built its usual paged 32-sequence engine whatever the panel said."""
     app, _ = served
@@ -292,10 +297,14 @@ def test_apply_loads_exactly_the_panels_values_and_shows_its_progress(served, pa
         set_number(page, f"#ctl-{field}", value)
     page.wait_for_selector("#check .check.ok", timeout=10_000)
     assert "press Apply" in page.inner_text("#check")
+    page.wait_for_function(f"{KV_POINTS} >= 4", timeout=20_000)  # the active engine's samples on the KV chart
     page.evaluate(MARK_STATUS)
     page.click("#apply")
     assert "Loaded" in wait_applied(page)
     assert page.evaluate("window.__sawProgress"), "the load showed no progress bar"
+    page.wait_for_timeout(2500)  # a timer refresh of the charts: the KV line starts again with the new engine
+    drawn = page.evaluate(KV_POINTS)
+    assert drawn <= 3, f"the KV chart still draws the previous engine's samples ({drawn} points)"
     engine = newest_engine(app)
     panel = {"kv_layout": "contiguous", "prefix_caching": False, "batching": "continuous", "max_num_seqs": 3,
              "max_model_len": 256, "max_num_batched_tokens": 128}
