@@ -65,6 +65,7 @@ STEP_HISTORY = 4096
 # their idle loops' pools made libgomp park its threads between every parallel region of the one that works.
 LOOP_IDLE_EXIT_SECONDS = 0.5
 SEED_BITS = 62
+WARM_UP_DECODE_STEPS = 8  # decode steps of the warm-up request (`Engine._warm_up`)
 # Engines not closed yet. A script that ends without `close()` would otherwise leave an engine's threads running into
 # the interpreter's shutdown, where tearing down a thread still inside torch aborted the process ("terminate called
 # without an active exception", exit status 134).
@@ -143,8 +144,10 @@ class Engine:
         _OPEN_ENGINES.add(self)
         with self._wakeup:
             self._wake_loop()
+        warm_up_started = time.perf_counter()
         try:
             self._warm_up()
+            self._forget_warm_up()
         except BaseException:
             self.close()
             raise
@@ -157,13 +160,31 @@ class Engine:
             kv_bytes_per_token=plan.kv_bytes_per_token, cuda_graphs=plan.cuda_graphs, cpu_kernels=plan.cpu_kernels,
             tensor_parallel_size=self.config.tensor_parallel_size,
             draft_model=plan.draft.name if plan.draft else None, draft_num_params=self._backend.draft_num_params,
-            load_seconds=time.perf_counter() - started, notices=tuple(notices))
+            load_seconds=time.perf_counter() - started, warmup_seconds=time.perf_counter() - warm_up_started,
+            notices=tuple(notices))
 
     def _warm_up(self) -> None:
-        """Run the smallest request through the whole path, so a broken setup fails here, not on a user."""
-        output = self.generate([[0]], SamplingParams(max_tokens=1, ignore_eos=True))[0]
+        """Run one request through the loaded level's real prefill and decode, so a broken setup fails here, not on
+        a user, and the first reply does not pay the level's first calls (a library level's lazy set-up, its
+        kernels' first use of a prefill-sized and a one-row input, attention over more than one KV block).
+
+        The prompt spans two KV blocks and a bit, then a few decode steps follow; both shrink to fit a short
+        context. Its token ids come from the top of the vocabulary, where a real prompt's first block hardly ever
+        matches the blocks it leaves in the prefix cache; the engine's counters and step history forget it.
+        `info.warmup_seconds` reports what this adds to a load.
+        """
+        max_len = self.config.max_model_len
+        prompt_len = max(1, min(2 * self.config.block_size + 1, max_len // 2))
+        decode_steps = max(1, min(WARM_UP_DECODE_STEPS, max_len - prompt_len - 1))
+        prompt = [(self.plan.vocab_size - 1 - index) % self.plan.vocab_size for index in range(prompt_len)]
+        output = self.generate([prompt], SamplingParams(max_tokens=decode_steps, ignore_eos=True))[0]
         if output.finish_reason != "length":
             raise ModelLoadError(f"the engine failed its warm-up request: {output.error or output.finish_reason}")
+
+    def _forget_warm_up(self) -> None:
+        """Counters and step history start after the warm-up: the engine's figures cover the requests it serves."""
+        self._on_loop(lambda backend: backend.forget_warm_up())
+        self._history.clear()
 
     # ---- prompts -------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class EngineInfo:
     draft_model: str | None
     draft_num_params: int
     load_seconds: float
+    warmup_seconds: float       # the part of load_seconds spent warming the loaded level's kernels up
     notices: tuple[str, ...]
 
 

@@ -51,6 +51,10 @@ class Backend(Protocol):
     def stats(self) -> EngineStats:
         """Current figures."""
 
+    def forget_warm_up(self) -> None:
+        """Zero the counters behind `stats()` (steps, peaks, prefix-cache and speculative counts) after the engine's
+        warm-up request, so the figures cover the requests the engine serves."""
+
     def decode_profile(self, since: float) -> DecodeProfile | None:
         """The decode steps finished after `since` against their matmul floor, or None if not profiled."""
 

@@ -347,6 +347,9 @@ class HFBackend:
             logits = self.model(input_ids=torch.tensor([token_ids], device=self.device)).logits[0, :-1]
         return next_token_log_probs(logits)
 
+    def forget_warm_up(self) -> None:
+        self.steps = self.peak_running = 0
+
     def stats(self) -> EngineStats:
         cache = self._cb_cache()
         kv_bytes = used_bytes = total_blocks = free_blocks = 0

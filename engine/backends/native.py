@@ -242,6 +242,12 @@ class NativeBackend:
             manager.free(SCORING_SEQUENCE_ID)
         return next_token_log_probs(logits[:-1])
 
+    def forget_warm_up(self) -> None:
+        self.scheduler.forget_counts()
+        self.steps = 0
+        if self.speculator:
+            self.speculator.forget_stats()
+
     def stats(self) -> EngineStats:
         """Figures of both KV pools together (a draft's blocks are allocated alongside the target's), with
         the draft's share and the speculative counters broken out."""

@@ -181,6 +181,11 @@ class Scheduler:
                 publishable = min(publishable, request.draft_num_computed_tokens)
             self.block_manager.commit(request.request_id, request.all_token_ids, publishable)
 
+    def forget_counts(self) -> None:
+        """Zero the counters (peak, preemptions, admitted and cached prompt tokens), e.g. after a warm-up."""
+        self.peak_running = self.num_preemptions = 0
+        self.prompt_tokens_admitted = self.cached_tokens_admitted = 0
+
     @property
     def prefix_cache_hit_rate(self) -> float:
         if not self.prompt_tokens_admitted:

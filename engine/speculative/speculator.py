@@ -45,6 +45,10 @@ class Speculator:
         self.stats = SpecDecodingStats(num_speculative_tokens)
         self.proposal_probs: dict[int, torch.Tensor | None] = {}
 
+    def forget_stats(self) -> None:
+        """Start the acceptance counts afresh (after the engine's warm-up request)."""
+        self.stats = SpecDecodingStats(self.num_speculative_tokens)
+
     def proposal_length(self, request: Request) -> int:
         """How many tokens to propose: none mid-prompt, and never past max_tokens or the context length
         (a step yields at most the accepted proposals plus one)."""

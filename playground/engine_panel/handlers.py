@@ -19,7 +19,7 @@ from playground.engine_panel.availability import availability_note, needs_downlo
 from playground.engine_panel.choices import help_line
 from playground.engine_panel.form import FORM_FIELDS, config_to_form, extras_of, read_form
 from playground.engine_panel.plan_preview import apply_preview
-from playground.engine_panel.views import pool_html, progress_html, status_html
+from playground.engine_panel.views import loaded_title, pool_html, progress_html, status_html
 from playground.figures.configuration import check_html, config_summary, header_html
 from playground.figures.units import format_bytes
 from playground.shared.configs import preset_config
@@ -194,13 +194,12 @@ class PanelHandlers:
         detail = (f"weights {format_bytes(outcome.stats.weights_bytes)} · "
                   f"KV cache {format_bytes(outcome.stats.kv_cache_bytes)} · "
                   f"context {outcome.info.max_model_len} tokens")
-        title = (f"Sharing the loaded engine (its load took {outcome.load_seconds:.1f} s)" if shared
-                 else f"Loaded in {outcome.load_seconds:.1f} s")
         notices = "".join(f"<li>{html.escape(n)}</li>" for n in outcome.info.notices)
         yield pack(APPLY_OUTPUTS, {
             **panel,
             "header": header_html(self.context.device, config, outcome.info, outcome.load_seconds),
-            "status": status_html("ok", title, detail, f"<ul>{notices}</ul>" if notices else ""),
+            "status": status_html("ok", loaded_title(outcome, shared), detail,
+                                  f"<ul>{notices}</ul>" if notices else ""),
             "apply": gr.Button(interactive=True, value="Apply"),
             "check": check_html("ok", (note + " · " if note else "") + "this is the active configuration, loaded"),
             "session": session, "pool": self.pool_summary(session), "examples": self.examples_update(config),

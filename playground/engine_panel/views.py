@@ -13,7 +13,7 @@ from engine import EngineConfig
 from playground.engine_panel.availability import hub_cache_bytes
 from playground.figures.configuration import config_summary
 from playground.figures.units import format_bytes
-from playground.shared.loading import LoadJob
+from playground.shared.loading import LoadJob, LoadOutcome
 from playground.shared.pool import EnginePool
 
 
@@ -42,6 +42,14 @@ def progress_html(job: LoadJob) -> str:
     return (f'<div class="load-progress"><div class="steps">{"".join(items)}</div>'
             f'<div class="progress-track"><span class="progress-fill" style="width:{fraction * 100:.0f}%"></span>'
             f'</div><div class="progress-detail">{html.escape(detail)}</div></div>')
+
+
+def loaded_title(outcome: LoadOutcome, shared: bool) -> str:
+    """Apply's result line, with the warm-up's share of the load named: the first reply's cost is paid there."""
+    warm_up = f"{outcome.info.warmup_seconds:.1f} s of it warming the loaded level's kernels up"
+    if shared:
+        return f"Sharing the loaded engine (its load took {outcome.load_seconds:.1f} s, {warm_up})"
+    return f"Loaded in {outcome.load_seconds:.1f} s ({warm_up})"
 
 
 def pool_html(pool: EnginePool, mine: EngineConfig) -> str:

@@ -55,5 +55,5 @@ def engine_info(**fields) -> EngineInfo:
                     quantization="none",
                     max_model_len=1024, vocab_size=6144, num_params=8_000_000, num_kv_heads=8,
                     kv_bytes_per_token=16384, cuda_graphs=False, cpu_kernels=True, tensor_parallel_size=1,
-                    draft_model=None, draft_num_params=0, load_seconds=1.0, notices=())
+                    draft_model=None, draft_num_params=0, load_seconds=1.0, warmup_seconds=0.1, notices=())
     return EngineInfo(**{**defaults, **fields})

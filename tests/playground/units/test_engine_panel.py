@@ -12,7 +12,10 @@ from playground.engine_panel.choices import RADIO_FIELDS, help_line
 from playground.engine_panel.form import config_to_form, parse_form
 from playground.engine_panel.handlers import PanelHandlers
 from playground.engine_panel.plan_preview import apply_preview, plan_summary
+from playground.engine_panel.views import loaded_title
+from playground.shared.loading import LoadOutcome
 from playground.shared.settings import Settings
+from tests.support.reference_figures import engine_info
 
 
 def test_hub_models_are_told_apart_by_whether_the_local_cache_holds_them(tmp_path, monkeypatch):
@@ -89,3 +92,9 @@ def test_the_kv_cache_precision_control_sets_the_field_the_plan_sizes_the_pool_b
     blocks = {value: int(line.split(" KV blocks")[0].split(" · ")[-1].replace(",", ""))
               for value, line in lines.items()}
     assert blocks["int8"] == 2**20 // (2 * 2 * 2 * 20 * 16) and blocks["auto"] == 2**20 // (2 * 2 * 2 * 64 * 16)
+
+
+def test_apply_names_the_warm_up_within_its_load_time():
+    outcome = LoadOutcome(engine_info(warmup_seconds=0.4), None, 2.5, EngineConfig())
+    assert loaded_title(outcome, shared=False) == "Loaded in 2.5 s (0.4 s of it warming the loaded level's kernels up)"
+    assert "its load took 2.5 s, 0.4 s of it warming" in loaded_title(outcome, shared=True)
