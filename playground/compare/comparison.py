@@ -155,7 +155,7 @@ class Comparisons:
                 continue
             run = first[side.label]
             outcome["sides"][side.label].update({
-                "config": run.config.to_dict(), "summary": config_summary(run.config, run.info),
+                "config": run.result["config"], "summary": config_summary(run.config, run.info),
                 "outputs": [o.text if o else "" for o in run.outputs],
                 "finish_reasons": [o.finish_reason if o else "cancelled" for o in run.outputs],
                 "output_tokens": [len(o.token_ids) if o else 0 for o in run.outputs],

@@ -42,18 +42,53 @@ def format_figure(key: str, value) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:,.3g}"
 
 
+def applies(key: str, config: dict) -> bool:
+    """Whether a figure means anything for a configuration (its resolved fields): a speculative acceptance needs
+    speculation, a prefix-cache hit rate needs prefix caching in the native engine (transformers' block sharing
+    is not counted). Where it does not apply the tables show "–", not a 0.0% or a 0.00x that reads as a result."""
+    if key == "spec_acceptance_rate":
+        return config.get("speculative", "off") != "off"
+    if key == "prefix_cache_hit_rate":
+        return bool(config.get("prefix_caching")) and config.get("backend") != "hf"
+    return True
+
+
+NOT_APPLICABLE = '<span class="na" title="does not apply to this configuration">–</span>'
+
+
 def _label(key: str, text: str) -> str:
     return f'<span class="term" title="{html.escape(tooltip(TERMS.get(key, key)))}">{html.escape(text)}</span>'
 
 
-def ratio_html(ratio: float | None, better: str | None) -> str:
-    """B/A as "1.23x", green when it is better for this figure, red when worse."""
+def ratio_html(ratio: float | None, better: str | None, noise: str | None = None) -> str:
+    """B/A as "1.23x", green when it is better for this figure, red when worse; with `noise` (why the difference
+    cannot be told from noise) neither, and the reason says so."""
     if ratio is None:
         return '<span class="ratio">–</span>'
+    if noise and better and abs(ratio - 1) > NEUTRAL_BAND:
+        return f'<span class="ratio noise" title="{html.escape(noise)}">{ratio:.2f}× within noise</span>'
     kind = ""
     if better and abs(ratio - 1) > NEUTRAL_BAND:
         kind = " better" if (ratio < 1) == (better == "lower") else " worse"
     return f'<span class="ratio{kind}">{ratio:.2f}×</span>'
+
+
+def is_timing(key: str) -> bool:
+    """Figures that move with the machine's load from one run to the next (times and rates of tokens or requests);
+    the others (bytes, perplexity, hit and acceptance rates) repeat exactly."""
+    return key.endswith("_ms") or key.endswith("_throughput") or key.startswith("request_")
+
+
+def noise_reason(key: str, base: list | None, other: list | None, rounds: int) -> str | None:
+    """Why a timing figure's B/A cannot be called better or worse, or None when it can: with one round there is no
+    spread to judge by; with more, the two sides' ranges (min - max over the rounds) overlap."""
+    if not is_timing(key):
+        return None
+    if rounds < 2 or not base or not other:
+        return "one round: no spread to tell this from noise (repeat the comparison)"
+    if base[0] <= other[1] and other[0] <= base[1]:
+        return "the two sides' ranges over the rounds overlap"
+    return None
 
 
 def progress_html(job: MeasurementJob, what: str, steps_done: int = 0, steps_total: int = 0) -> str:
@@ -96,15 +131,20 @@ def compare_table_html(outcome: dict, figures: tuple) -> str:
     rows = []
     for key, text, better in figures:
         cells = []
+        base_applies = applies(key, sides["A"]["config"])
         for label in labels:
             value, spread = sides[label]["figures"][key], sides[label]["spread"][key]
             shown = format_figure(key, value)
             if spread and outcome["rounds"] > 1 and spread[0] != spread[1]:
                 shown += (f'<div class="spread">{format_figure(key, spread[0])} – '
                           f'{format_figure(key, spread[1])}</div>')
-            cells.append(f'<td data-side="{html.escape(label)}" data-key="{key}">{shown}</td>')
+            side_applies = applies(key, sides[label]["config"])
+            cells.append(f'<td data-side="{html.escape(label)}" data-key="{key}">'
+                         f'{shown if side_applies else NOT_APPLICABLE}</td>')
             if label != "A":
-                cells.append(f'<td class="ratio-cell">{ratio_html(ratios[label][key], better)}</td>')
+                ratio = ratios[label][key] if base_applies and side_applies else None
+                noise = noise_reason(key, sides["A"]["spread"][key], spread, outcome["rounds"])
+                cells.append(f'<td class="ratio-cell">{ratio_html(ratio, better, noise)}</td>')
         rows.append(f'<tr><th>{_label(key, text)}</th>{"".join(cells)}</tr>')
     configs = "".join(f'<div class="cmp-config"><b>{html.escape(label)}</b> {html.escape(sides[label]["summary"])}'
                       '</div>' for label in labels)
@@ -113,7 +153,9 @@ def compare_table_html(outcome: dict, figures: tuple) -> str:
             f'(min – max below it). {len(outcome["prompts"])} prompt(s), max_tokens '
             f'{outcome["sampling"]["max_tokens"]}, temperature {outcome["sampling"]["temperature"]}, seed '
             f'{outcome["sampling"]["seed"]}. Peak memory is the whole process\'s (every engine in the pool). With '
-            'prefix caching on, rounds after the first find the prompts cached (the hit rate\'s spread shows it).')
+            'prefix caching on, rounds after the first find the prompts cached (the hit rate\'s spread shows it). A '
+            'timing ratio is coloured only when the two sides\' ranges over the rounds do not overlap; otherwise it '
+            'reads "within noise". "–": the figure does not apply to that configuration.')
     return (f'<div id="cmp-table-wrap">{configs}<table class="cmp-table"><thead><tr><th>figure</th>{head}</tr>'
             f'</thead><tbody>{"".join(rows)}</tbody></table><div class="run-note">{html.escape(note)}</div></div>')
 
@@ -180,6 +222,10 @@ def benchmark_table_html(report: dict) -> str:
     totals = []
     for key in TOTALS:
         value = report[key]
+        if not applies(key, report["config"]):
+            totals.append(f'<tr><th>{_label(key, TOTAL_LABELS[key])}</th><td data-key="{key}">{NOT_APPLICABLE}</td>'
+                          '</tr>')
+            continue
         shown = format_figure(key, value)
         if key == "request_goodput":
             shown = ("set a TTFT or TPOT objective" if value is None else
@@ -207,9 +253,12 @@ def history_table_html(runs: list) -> str:
     head = "".join(f'<th title="{html.escape(run.label)}">run {run.number}</th>' for run in runs)
     rows = []
     for key, better in HISTORY_KEYS:
-        base = runs[0].report[key]
+        base = runs[0].report[key] if applies(key, runs[0].report["config"]) else None
         cells = []
         for index, run in enumerate(runs):
+            if not applies(key, run.report["config"]):
+                cells.append(f"<td>{NOT_APPLICABLE}</td>")
+                continue
             value = run.report[key]
             ratio = ratio_html(value / base, better) if index and value is not None and base else ""
             cells.append(f"<td>{format_figure(key, value)} {ratio}</td>")

@@ -13,12 +13,19 @@ import pytest
 from engine import StepRecord
 from playground.benchmark.exports import runs_csv
 from playground.benchmark.workload import parse_length
-from playground.compare.comparison import FIGURE_KEYS, summarize_rounds, token_differences
+from playground.compare.comparison import FIGURE_KEYS, FIGURES, summarize_rounds, token_differences
 from playground.compare.request import parse_changes
 from playground.engine_panel.form import FORM_FIELDS
 from playground.engine_panel.layout import TOOLTIPS as PANEL_TOOLTIPS
 from playground.figures.run_charts import RUN_BATCH, RUN_KV, RUN_THROUGHPUT, Timeline, run_charts_html, run_series
-from playground.figures.run_views import progress_html, ratio_html
+from playground.figures.run_views import (
+    benchmark_table_html,
+    compare_table_html,
+    history_table_html,
+    noise_reason,
+    progress_html,
+    ratio_html,
+)
 from playground.glossary.terms import ENTRIES, element_tooltips, tooltip
 from playground.shared.errors import Refused
 
@@ -58,6 +65,68 @@ def test_a_ratio_is_coloured_by_which_way_is_better():
     assert "better" in ratio_html(0.5, "lower") and "worse" in ratio_html(2.0, "lower")
     assert "better" in ratio_html(2.0, "higher") and "better" not in ratio_html(1.01, "higher")
     assert "worse" not in ratio_html(3.0, None) and "–" in ratio_html(None, "lower")
+    noisy = ratio_html(1.79, "lower", "the two sides' ranges over the rounds overlap")
+    assert "within noise" in noisy and "worse" not in noisy and "better" not in noisy
+
+
+def test_a_timing_ratio_is_noise_unless_the_two_ranges_are_apart():
+    assert noise_reason("mean_ttft_ms", [3.3, 64.6], [2.9, 9.5], rounds=3)  # the issue's TTFT 1.79x
+    assert noise_reason("mean_ttft_ms", [30.0, 40.0], [10.0, 12.0], rounds=3) is None
+    assert "one round" in noise_reason("output_throughput", [100.0, 100.0], [50.0, 50.0], rounds=1)
+    assert noise_reason("weights_bytes", [4.0, 4.0], [1.0, 1.0], rounds=1) is None, "bytes repeat exactly"
+
+
+def comparison(rounds: int, a_ttft: list, b_ttft: list) -> dict:
+    """A comparison of a plain configuration (A) with an n-gram speculating one without prefix caching (B)."""
+    def side(config, ttft, acceptance, hits):
+        figures = dict.fromkeys(FIGURE_KEYS, 1.0) | {"mean_ttft_ms": sum(ttft) / 2, "spec_acceptance_rate": acceptance,
+                                                     "prefix_cache_hit_rate": hits}
+        spread = {key: [value, value] for key, value in figures.items()} | {"mean_ttft_ms": ttft}
+        return {"figures": figures, "spread": spread, "config": config, "summary": "s"}
+    a = side({"backend": "native", "speculative": "off", "prefix_caching": True}, a_ttft, 0.0, 0.5)
+    b = side({"backend": "native", "speculative": "ngram", "prefix_caching": False}, b_ttft, 0.6, 0.0)
+    ratios = {"B": {key: b["figures"][key] / a["figures"][key] if a["figures"][key] else None for key in FIGURE_KEYS}}
+    return {"labels": ["A", "B"], "sides": {"A": a, "B": b}, "ratios": ratios, "rounds": rounds,
+            "orders": [["A", "B"]] * rounds, "prompts": ["p"], "sampling": {"max_tokens": 4, "temperature": 0.0,
+                                                                          "seed": 0}}
+
+
+def cell(table: str, side: str, key: str) -> str:
+    return table.split(f'data-side="{side}" data-key="{key}">')[1].split("</td>")[0]
+
+
+def ratio_cell(table: str, key: str) -> str:
+    return table.split(f'data-side="B" data-key="{key}">')[1].split('<td class="ratio-cell">')[1].split("</td>")[0]
+
+
+def test_compare_shows_a_dash_for_figures_a_side_does_not_have_and_colours_only_ratios_beyond_noise():
+    overlapping = compare_table_html(comparison(3, [3.3, 64.6], [2.9, 9.5]), FIGURES)
+    assert "within noise" in ratio_cell(overlapping, "mean_ttft_ms")
+    apart = compare_table_html(comparison(3, [30.0, 40.0], [10.0, 12.0]), FIGURES)
+    assert "better" in ratio_cell(apart, "mean_ttft_ms") and "noise" not in ratio_cell(apart, "mean_ttft_ms")
+    assert cell(apart, "A", "spec_acceptance_rate").endswith("–</span>") and "%" in cell(apart, "B",
+                                                                                         "spec_acceptance_rate")
+    assert "50.0%" in cell(apart, "A", "prefix_cache_hit_rate") and "–" in cell(apart, "B", "prefix_cache_hit_rate")
+    for key in ("spec_acceptance_rate", "prefix_cache_hit_rate"):
+        assert ratio_cell(apart, key) == '<span class="ratio">–</span>', key
+
+
+def test_benchmark_tables_show_a_dash_where_a_figure_does_not_apply():
+    config = {"backend": "native", "speculative": "off", "prefix_caching": False}
+    report = {key: 0.0 for key in ("completed", "cancelled_requests", "duration", "request_throughput",
+                                   "output_throughput", "total_token_throughput", "prefix_cache_hit_rate",
+                                   "spec_acceptance_rate", "peak_running")}
+    report |= {f"{stat}_{name}_ms": 1.0 for stat in ("mean", "median", "p90", "p99")
+               for name in ("ttft", "tpot", "itl", "e2el")}
+    report |= {"request_goodput": None, "workload": {"goodput_slos": {}}, "config": config}
+    table = benchmark_table_html(report)
+    for key in ("prefix_cache_hit_rate", "spec_acceptance_rate"):
+        assert f'<td data-key="{key}"><span class="na"' in table, key
+    assert "0.0%" not in table
+    cached = {**report, "prefix_cache_hit_rate": 0.5, "config": {**config, "prefix_caching": True}}
+    runs = [SimpleNamespace(number=1, label="a", report=report), SimpleNamespace(number=2, label="b", report=cached)]
+    history = history_table_html(runs).split("prefix-cache hit rate")[1].split("</tr>")[0]
+    assert 'class="na"' in history and "50.0%" in history and "×" not in history
 
 
 def step(time, duration=0.01, batch=1, blocks=1, tokens=1):
