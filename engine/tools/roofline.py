@@ -16,7 +16,10 @@ the machine the engine runs on:
 - each phase's steps summed (`PhasePoint`): FLOPs and bytes over their time give the achieved FLOP/s and
   bytes/s; intensity = FLOPs / bytes; the attainable FLOP/s at that intensity is min(peak, intensity x
   bandwidth); the phase is memory-bound left of the ridge (peak / bandwidth), compute-bound right of it,
-  and its fraction of the ceiling is achieved / attainable.
+  and its fraction of the ceiling is achieved / attainable. Under `OVERHEAD_BELOW` of its ceiling a phase is
+  called neither bound: overhead. The roof it sits under is not what holds it back then; the step's time goes to
+  what neither roof counts (scheduling, sampling, Python, thread hand-offs, small kernels' fixed costs). A third
+  is where the demo's steps part: at 8-27% of their roof they speed up with less overhead, not with more bandwidth.
 
 A step's time is the engine's whole step (scheduling, sampling and Python overhead included, the draft
 model's proposing excluded), so the fractions say how close the engine as a whole comes to the hardware.
@@ -257,6 +260,9 @@ def is_decode(step: StepRecord) -> bool:
 
 # ---- phases on the roofline --------------------------------------------------------------------------
 
+OVERHEAD_BELOW = 1 / 3  # a phase under this fraction of its ceiling is overhead-bound (module docstring)
+
+
 @dataclass(frozen=True)
 class PhasePoint:
     """A set of steps summed: their work, time, place on the roofline and fraction of the ceiling there."""
@@ -294,18 +300,28 @@ class PhasePoint:
             attainable_flops=attainable, bound="memory" if intensity < ceilings.ridge_intensity else "compute",
             fraction_of_ceiling=achieved / attainable if attainable else 0.0)
 
+    @property
+    def verdict(self) -> str:
+        """What holds the phase back: "memory-bound", "compute-bound", or "neither bound: overhead" far below both."""
+        return "neither bound: overhead" if self.fraction_of_ceiling < OVERHEAD_BELOW else f"{self.bound}-bound"
+
     def sentence(self, ceilings: DeviceCeilings) -> str:
-        """The phase in words: where it sits, what bounds it, how close it comes."""
+        """The phase in words: where it sits, what holds it back, how close it comes."""
         if self.bound == "memory":
-            roof = (f"memory-bound: {self.intensity:.1f} FLOP/byte, left of the ridge at "
-                    f"{ceilings.ridge_intensity:.1f}; it moves {self.achieved_bandwidth / 1e9:.1f} GB/s of the "
-                    f"{ceilings.bandwidth / 1e9:.1f} GB/s measured")
+            position = (f"{self.intensity:.1f} FLOP/byte, left of the ridge at {ceilings.ridge_intensity:.1f}; it "
+                        f"moves {self.achieved_bandwidth / 1e9:.1f} GB/s of the {ceilings.bandwidth / 1e9:.1f} GB/s "
+                        "measured")
         else:
-            roof = (f"compute-bound: {self.intensity:.1f} FLOP/byte, right of the ridge at "
-                    f"{ceilings.ridge_intensity:.1f}; it computes {self.achieved_flops / 1e9:.1f} GFLOP/s of the "
-                    f"{ceilings.peak_flops / 1e9:.1f} GFLOP/s measured")
-        text = (f"{self.phase} ({self.steps} steps, mean batch {self.mean_batch_size:.1f}) is {roof}: "
-                f"{self.fraction_of_ceiling:.0%} of its ceiling")
+            position = (f"{self.intensity:.1f} FLOP/byte, right of the ridge at {ceilings.ridge_intensity:.1f}; it "
+                        f"computes {self.achieved_flops / 1e9:.1f} GFLOP/s of the {ceilings.peak_flops / 1e9:.1f} "
+                        "GFLOP/s measured")
+        text = f"{self.phase} ({self.steps} steps, mean batch {self.mean_batch_size:.1f}) is "
+        if self.fraction_of_ceiling < OVERHEAD_BELOW:
+            text += (f"neither bound: overhead. It reaches {self.fraction_of_ceiling:.0%} of its ceiling (under "
+                     f"{OVERHEAD_BELOW:.0%}), so its time goes to what neither roof counts: scheduling, sampling, "
+                     f"Python, small kernels' fixed costs. It sits under the {self.bound} roof at {position}")
+        else:
+            text += f"{self.verdict}: {position}: {self.fraction_of_ceiling:.0%} of its ceiling"
         if self.fraction_of_ceiling > 1 and self.bound == "memory":
             text += (" (above the measured memory bandwidth: part of the "
                      f"{self.bytes / self.steps / 1e6:.1f} MB it reads each step stays in the CPU's caches between "

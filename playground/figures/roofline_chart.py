@@ -134,7 +134,7 @@ def _row(point: PhasePoint) -> str:
     cells = [point.phase, f"{point.steps}", f"{point.mean_batch_size:.1f}", f"{1e3 * point.seconds / per_step:.2f}",
              _si(point.flops / per_step, "FLOP"), _si(point.weight_bytes / per_step, "B"),
              _si(point.kv_bytes / per_step, "B"), f"{point.intensity:.3g}", _si(point.achieved_flops, "FLOP/s"),
-             _si(point.achieved_bandwidth, "B/s"), f"{point.bound}-bound", f"{point.fraction_of_ceiling:.0%}"]
+             _si(point.achieved_bandwidth, "B/s"), point.verdict, f"{point.fraction_of_ceiling:.0%}"]
     return "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>"
 
 

@@ -14,6 +14,7 @@ from engine.hub import load_hf_config
 from engine.model.spec import ModelSpec
 from engine.tools.bench import main
 from engine.tools.roofline import (
+    OVERHEAD_BELOW,
     DeviceCeilings,
     ModelWork,
     StepWork,
@@ -96,7 +97,21 @@ def test_bound_and_fraction_follow_the_ridge(tiny_work):
     report = analyze([_decode_step(2, 32, seconds=0.5)], work, ridge_below)
     assert report.decode.bound == "compute"
     assert report.decode.fraction_of_ceiling == pytest.approx(decode.flops / 0.5 / ridge_below.peak_flops)
-    assert "compute-bound" in report.summary()[0] and "of its ceiling" in report.summary()[0]
+    assert report.decode.verdict == ("compute-bound" if report.decode.fraction_of_ceiling >= OVERHEAD_BELOW
+                                     else "neither bound: overhead")
+    assert report.decode.verdict in report.summary()[0] and "of its ceiling" in report.summary()[0]
+
+
+@pytest.mark.parametrize("fraction, verdict", [(0.08, "neither bound: overhead"), (0.27, "neither bound: overhead"),
+                                               (0.5, "memory-bound"), (0.9, "memory-bound")])
+def test_a_phase_far_below_its_roof_is_called_overhead_not_memory_bound(tiny_work, fraction, verdict):
+    _, work = tiny_work
+    decode = StepWork.of(_decode_step(2, 32), work)
+    ridge_above = replace(FAKE, peak_flops=decode.flops / decode.bytes * FAKE.bandwidth * 10)
+    seconds = decode.bytes / (ridge_above.bandwidth * fraction)
+    report = analyze([_decode_step(2, 32, seconds=seconds)], work, ridge_above)
+    assert report.decode.bound == "memory" and report.decode.fraction_of_ceiling == pytest.approx(fraction)
+    assert report.decode.verdict == verdict and f"is {verdict}" in report.summary()[0]
 
 
 def test_ceilings_are_measured_once_then_read_from_the_cache(tmp_path):

@@ -28,7 +28,7 @@ def test_roofline_tab_probes_and_places_prefill_and_decode(page, shots):
     assert intensity["prefill"] > intensity["decode, batch 16"]
     summary = page.inner_text("#rl-summary")
     assert "prefill (" in summary and "decode (" in summary and "of its ceiling" in summary
-    assert "memory-bound" in summary and "matmul peak" in summary
+    assert ("memory-bound" in summary or "neither bound: overhead" in summary) and "matmul peak" in summary
     assert page.locator("#rl-chart polyline.rl-roof").count() == 1
     tall_screenshot(page, shots / "roofline.png", 1250)
 
