@@ -81,8 +81,7 @@ class LiveCharts:
                 plots[live_charts.KV_BLOCKS.name], plots[live_charts.BATCH.name],
                 plots[live_charts.SPECULATIVE.name], self._features(session, engine, stats, info))
 
-    @staticmethod
-    def _features(session: Session, engine, stats: EngineStats | None, info: EngineInfo | None,
+    def _features(self, session: Session, engine, stats: EngineStats | None, info: EngineInfo | None,
                   status: str | None = None) -> str:
         """The quality-and-optimizations panel of the engine serving this session (None: not loaded)."""
         perplexity = engine.held_out_perplexity if engine is not None else None
@@ -90,11 +89,12 @@ class LiveCharts:
             status = "n/a: this model has no tokenizer, and perplexity is measured on text"
         config = session.config
         unquantized = unquantized_weights_bytes(config) if config.quantization != "none" else None
-        return features_html(config, stats, info, perplexity, unquantized, status)
+        return features_html(config, stats, info, perplexity, unquantized, status,
+                             self.context.references.cached(config.model))
 
     def measure_perplexity(self, session, progress=PERPLEXITY_PROGRESS) -> str:
-        """Measure the held-out perplexity of the engine serving this session (once per engine; cached), with
-        a progress bar; requests keep being served meanwhile."""
+        """Measure the held-out perplexity of the engine serving this session (once per engine; cached), and the
+        model's float32 reference (once per model), with a progress bar; requests keep being served meanwhile."""
         session = self.context.session_of(session)
         with self.context.pool.lease_if_loaded(session.config) as entry:
             if entry is None:
@@ -105,6 +105,8 @@ class LiveCharts:
                 with self.context.measurements.held(session):  # measuring: one measurement at a time
                     engine.perplexity(progress=lambda done, total: progress(done / total,
                                                                             desc="scoring held-out text"))
+                    self.context.references.measure(session.config, lambda done, total: progress(
+                        done / total, desc="scoring it in float32 once, for the reference"))
             except (EngineError, Refused) as error:
                 status = f"could not be measured: {self.context.describe(error)}"
             return self._features(session, engine, engine.stats(), engine.info, status)

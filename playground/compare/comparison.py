@@ -129,6 +129,9 @@ class Comparisons:
                     rounds.append(runs)
                 if job.cancel.is_set():
                     break
+            if request.perplexity and not job.cancel.is_set():  # each model's float32 reference, once per app
+                for side in request.sides:
+                    self.context.references.measure(side.config)
             return rounds
 
         return work
@@ -156,6 +159,8 @@ class Comparisons:
             run = first[side.label]
             outcome["sides"][side.label].update({
                 "config": run.result["config"], "summary": config_summary(run.config, run.info),
+                "perplexity_reference": getattr(self.context.references.cached(run.config.model), "perplexity",
+                                                None),
                 "outputs": [o.text if o else "" for o in run.outputs],
                 "finish_reasons": [o.finish_reason if o else "cancelled" for o in run.outputs],
                 "output_tokens": [len(o.token_ids) if o else 0 for o in run.outputs],

@@ -32,11 +32,16 @@ def _row(name: str, value: str, title: str = "") -> str:
            f'<span class="feat-v">{html.escape(value)}</span></div>'
 
 
-def quality_row(perplexity: PerplexityResult | None, status: str | None = None) -> str:
-    """Held-out perplexity once measured; otherwise what to do (or why it cannot be measured)."""
+def quality_row(perplexity: PerplexityResult | None, status: str | None = None,
+                reference: PerplexityResult | None = None) -> str:
+    """Held-out perplexity once measured, beside the model's float32 reference; otherwise what to do (or why it
+    cannot be measured)."""
     if perplexity is not None:
         value = (f"{perplexity.perplexity:.3f} on {perplexity.tokens:,} tokens "
                  f"({perplexity.seconds:.1f} s)")
+        if reference is not None:
+            value += (f" · float32 reference {reference.perplexity:.3f} "
+                      f"({perplexity.perplexity / reference.perplexity:.2f}x)")
     else:
         value = status or "not measured yet: press Measure perplexity"
     return _row("held-out perplexity", value, "exp of the mean next-token loss on the demo model's held-out text, "
@@ -83,12 +88,14 @@ def tensor_parallel_rows(stats: EngineStats) -> list[str]:
 
 
 def features_html(config: EngineConfig | None, stats: EngineStats | None, info: EngineInfo | None,
-                  perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None) -> str:
-    """The panel: quality and weights always; speculative and tensor-parallel figures when those are on."""
+                  perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None,
+                  reference: PerplexityResult | None = None) -> str:
+    """The panel: quality (beside the float32 reference) and weights always; speculative and tensor-parallel
+    figures when those are on."""
     title = '<div class="hchart-title">Quality and optimizations · this engine</div>'
     if stats is None or stats.closed or info is None or config is None:
         return f'<div class="hchart" id="features-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
-    rows = [quality_row(perplexity, status), weights_row(stats, info, unquantized)]
+    rows = [quality_row(perplexity, status, reference), weights_row(stats, info, unquantized)]
     if config.speculative != "off":
         rows += speculative_rows(stats)
     if stats.tensor_parallel_size > 1:

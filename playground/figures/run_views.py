@@ -138,6 +138,9 @@ def compare_table_html(outcome: dict, figures: tuple) -> str:
             if spread and outcome["rounds"] > 1 and spread[0] != spread[1]:
                 shown += (f'<div class="spread">{format_figure(key, spread[0])} – '
                           f'{format_figure(key, spread[1])}</div>')
+            reference = sides[label].get("perplexity_reference")
+            if key == "perplexity" and value is not None and reference:
+                shown += f'<div class="spread">float32 reference {reference:.2f} ({value / reference:.2f}x)</div>'
             side_applies = applies(key, sides[label]["config"])
             cells.append(f'<td data-side="{html.escape(label)}" data-key="{key}">'
                          f'{shown if side_applies else NOT_APPLICABLE}</td>')

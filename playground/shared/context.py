@@ -1,7 +1,8 @@
 """`PlaygroundContext`: what every tab's handlers share, and what they all do with it.
 
 Why one object: every tab needs the same few things (the engine pool, the hosting limits, the curated
-models, the device, the default configuration, the presets, the KV cap, the measurement slot), creates
+models, the device, the default configuration, the presets, the KV cap, the measurement slot, the models' float32
+reference perplexities), creates
 the same sessions, validates configurations under the same limits and words errors the same way. The context holds them
 and knows nothing of the tabs or the page: handlers receive it, and the composition root
 (`playground/app.py`) builds it.
@@ -15,6 +16,7 @@ from engine import EngineConfig, ModelEntry
 from playground.shared.errors import Refused, describe_error
 from playground.shared.measurement_slot import MeasurementSlot
 from playground.shared.pool import EnginePool
+from playground.shared.reference_perplexity import ReferencePerplexities
 from playground.shared.session import Session
 from playground.shared.settings import MIB, Settings
 
@@ -47,6 +49,10 @@ class PlaygroundContext:
     presets: list[str]
     max_kv_cache_bytes: int | None = None  # the cap on one engine's KV cache (public mode)
     measurements: MeasurementSlot = field(default_factory=lambda: MeasurementSlot(max_waiting=8))  # one at a time
+    references: ReferencePerplexities = field(init=False)  # each model's float32 perplexity, measured once
+
+    def __post_init__(self):
+        object.__setattr__(self, "references", ReferencePerplexities(self.pool, self.validate))
 
     @property
     def curated(self) -> list[str]:

@@ -76,6 +76,7 @@ def test_compare_times_each_side_alone_alternates_the_order_and_gives_consistent
         assert set(FIGURE_KEYS) <= set(figures)
         assert figures["mean_ttft_ms"] > 0 and figures["output_throughput"] > 0 and figures["weights_bytes"] > 0
         assert figures["perplexity"] is not None and 1 < figures["perplexity"] < 1e4
+        assert sides[label]["perplexity_reference"] == running_app.app.references.cached(running_app.model).perplexity
         assert all(len(series) == 2 for key, series in sides[label]["per_round"].items() if key != "perplexity")
         spread = sides[label]["spread"]["mean_tpot_ms"]
         assert spread[0] <= figures["mean_tpot_ms"] <= spread[1]

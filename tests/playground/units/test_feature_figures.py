@@ -91,8 +91,10 @@ def test_panel_shows_perplexity_once_measured_and_quantized_weights_against_unqu
         stats = engine.stats()
     expected_ppl = engine.held_out_perplexity.perplexity
     assert f"{expected_ppl:.3f} on" in panel
+    reference = app.context.references.cached("demo").perplexity  # the float32 demo, measured once beside it
+    assert f"float32 reference {reference:.3f} ({expected_ppl / reference:.2f}x)" in panel
     unquantized = estimate_memory(EngineConfig(model="demo")).weights_bytes
-    ratio = float(re.search(r"\(([\d.]+)x\)", panel).group(1))
+    ratio = float(re.search(r"as torchao-int8 \(([\d.]+)x\)", panel).group(1))
     assert ratio == pytest.approx(stats.weights_bytes / unquantized, abs=0.005) and ratio < 0.6
     assert "as torchao-int8" in panel
 
