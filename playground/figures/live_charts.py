@@ -27,6 +27,14 @@ from playground.shared.activity import SessionActivity
 
 WINDOW_S = 60.0
 BIN_S = 1.0
+# Tokens per second is a rate over a sliding window, drawn every RATE_STEP_S: the tokens in the last RATE_WINDOW_S
+# over the time in it that their source was active (the engine stepping, this session's request running), so a
+# reply shorter than the window plots its own rate, not its token count. Activity less than ACTIVE_GAP_S apart is
+# one span (the gaps between an engine's steps are part of its work).
+RATE_WINDOW_S = 1.0
+RATE_STEP_S = 0.25
+SLOT_S = 0.05
+ACTIVE_GAP_S = 0.1
 MAX_TTFT_ROWS = 8
 ALL_SESSIONS = "all sessions on this engine"
 
@@ -49,7 +57,9 @@ def _axes(y_title: str, integer_y: bool = False) -> Axes:
     return Axes(X_TITLE, y_title, x_low=-WINDOW_S, x_high=0.0, integer_y=integer_y, width=400)
 
 
-THROUGHPUT = ChartSpec("throughput", f"Tokens per second · {ALL_SESSIONS}", "tokens_per_s", _axes("tokens / s"),
+THROUGHPUT = ChartSpec("throughput", f"Tokens per second · {RATE_WINDOW_S:g} s sliding window, over the time each "
+                       f"was active · {ALL_SESSIONS}", "tokens_per_s",
+                       _axes(f"tokens / s ({RATE_WINDOW_S:g} s window)"),
                        {"prefill (all)": "#a5b4fc", "decode (all)": "#4f46e5", "this session": "#f97316"})
 KV_BLOCKS = ChartSpec("kv_blocks", f"KV cache blocks in use · {ALL_SESSIONS}", "blocks", _axes("blocks (#)", True),
                       {"in use (all)": "#0d9488"})
@@ -90,21 +100,58 @@ def _series_frame(series: dict[str, list[float]], value: str) -> pd.DataFrame:
     return _typed(rows, {"time_s": float, value: float, "series": object})
 
 
+def _active_spans(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals merged where they overlap or lie less than ACTIVE_GAP_S apart."""
+    spans: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if spans and start - spans[-1][1] < ACTIVE_GAP_S:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    return [(start, end) for start, end in spans]
+
+
+def _windowed_rates(events: list[tuple[float, float]], spans: list[tuple[float, float]], now: float) -> list[float]:
+    """Tokens per active second over each sliding window of the chart, from (time, tokens) events and active
+    spans: events and active time are summed in SLOT_S slots, then over the RATE_WINDOW_S ending at each point."""
+    count, start = round(WINDOW_S / SLOT_S), now - WINDOW_S
+    tokens, active = [0.0] * count, [0.0] * count
+    for time, amount in events:
+        index = math.ceil((time - start) / SLOT_S) - 1  # a slot holds the events in (its start, its end]
+        if 0 <= index < count:
+            tokens[index] += amount
+    for low, high in spans:
+        low, high = max(low, start), min(high, now)
+        first, last = max(int((low - start) / SLOT_S), 0), min(math.ceil((high - start) / SLOT_S), count)
+        for index in range(first, last):
+            slot_start = start + index * SLOT_S
+            active[index] += max(0.0, min(high, slot_start + SLOT_S) - max(low, slot_start))
+    per_window, per_point = round(RATE_WINDOW_S / SLOT_S), round(RATE_STEP_S / SLOT_S)
+    rates = []
+    for end in range(per_window, count + 1, per_point):
+        seconds = sum(active[end - per_window:end])
+        rates.append(sum(tokens[end - per_window:end]) / seconds if seconds > 1e-9 else 0.0)
+    return rates
+
+
+def _rate_times() -> list[float]:
+    """Where the rate is drawn: the end of each sliding window, relative to now."""
+    per_window, per_point = round(RATE_WINDOW_S / SLOT_S), round(RATE_STEP_S / SLOT_S)
+    return [-WINDOW_S + end * SLOT_S for end in range(per_window, round(WINDOW_S / SLOT_S) + 1, per_point)]
+
+
 def throughput_frame(steps: list[StepRecord], activity: SessionActivity, now: float) -> pd.DataFrame:
-    """Prefill and decode tokens per second of the whole engine, and this session's output tokens per second."""
-    count = len(_bin_starts())
-    prefill, decode, mine = [0.0] * count, [0.0] * count, [0.0] * count
-    for step in steps:
-        index = _bin_index(step.time, now)
-        if index is not None:
-            decode[index] += step.num_decode_tokens / BIN_S
-            prefill[index] += max(step.num_tokens - step.num_decode_tokens, 0) / BIN_S
-    for time, tokens in activity.token_events:
-        index = _bin_index(time, now)
-        if index is not None:
-            mine[index] += tokens / BIN_S
-    names = list(THROUGHPUT.series)
-    return _series_frame(dict(zip(names, (prefill, decode, mine), strict=True)), THROUGHPUT.y)
+    """Prefill and decode tokens per second of the whole engine, and this session's output tokens per second, each
+    over a sliding window and the time in it its source was active (see RATE_WINDOW_S)."""
+    engine_spans = _active_spans([(step.time - step.duration, step.time) for step in steps])
+    decode = [(step.time, step.num_decode_tokens) for step in steps]
+    prefill = [(step.time, max(step.num_tokens - step.num_decode_tokens, 0)) for step in steps]
+    mine = _active_spans([(begin, now if end is None else end) for begin, end in activity.requests])
+    series = {name: _windowed_rates(events, spans, now) for name, events, spans in zip(
+        THROUGHPUT.series, (prefill, decode, activity.token_events), (engine_spans, engine_spans, mine), strict=True)}
+    rows = [{"time_s": time, THROUGHPUT.y: rate, "series": name}
+            for name, rates in series.items() for time, rate in zip(_rate_times(), rates, strict=True)]
+    return _typed(rows, {"time_s": float, THROUGHPUT.y: float, "series": object})
 
 
 def batch_frame(steps: list[StepRecord], activity: SessionActivity, now: float) -> pd.DataFrame:

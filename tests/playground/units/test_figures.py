@@ -36,7 +36,9 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
     activity.tokens_arrived(99.6, 2)
     frame = live_charts.throughput_frame(steps, activity, now)
     last = frame[frame["time_s"] == 0.0].set_index("series")["tokens_per_s"]
-    assert last["prefill (all)"] == 28 and last["decode (all)"] == 5 and last["this session"] == 2
+    active = 0.2  # two steps of 0.1 s, a gap of ACTIVE_GAP_S apart (not under it): two spans in the last second
+    assert last["prefill (all)"] == pytest.approx(28 / active) and last["decode (all)"] == pytest.approx(5 / active)
+    assert last["this session"] == pytest.approx(2 / 0.8), "its request ran from 99.2 to now"
     batch = live_charts.batch_frame(steps, activity, now)
     latest = batch[batch["time_s"] == 0.0].set_index("series")["sequences"]
     assert latest["running (all)"] == 3 and latest["this session"] == 1
@@ -49,6 +51,28 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
 def test_axis_tops_are_round_and_never_an_empty_range():
     assert nice_top(12.2, integer=True) == 20 and nice_top(3.0, integer=True) == 4
     assert nice_top(0.0, integer=False) == 1.0 and nice_top(0.37, integer=False) == 0.4
+
+
+def test_a_sub_second_reply_plots_its_own_rate_over_the_named_window_not_its_token_count():
+    """60 tokens in 0.6 s (the issue's chips said 104 tok/s while one-second bins plotted about 60)."""
+    now, first = 100.0, 99.15
+    steps = [StepRecord(first, 0.05, batch_size=1, num_tokens=17, num_decode_tokens=1, num_running=1,
+                        kv_blocks_used=2)]
+    steps += [StepRecord(first + 0.01 * i, 0.01, batch_size=1, num_tokens=1, num_decode_tokens=1, num_running=1,
+                         kv_blocks_used=2) for i in range(1, 60)]
+    activity = SessionActivity()
+    activity.request_started(first - 0.05)
+    for step in steps:
+        activity.tokens_arrived(step.time, 1)
+    activity.request_ended(steps[-1].time)
+    frame = live_charts.throughput_frame(steps, activity, now)
+    peak = frame.groupby("series")["tokens_per_s"].max()
+    assert peak["decode (all)"] == pytest.approx(60 / 0.64, rel=0.05)  # from the prefill's start to the last step
+    assert peak["this session"] == pytest.approx(60 / 0.64, rel=0.05)
+    assert frame[frame["time_s"] < -2]["tokens_per_s"].eq(0).all(), "no rate where nothing was active"
+    times = frame[frame["series"] == "decode (all)"]["time_s"]
+    assert set(times.diff().dropna().round(6)) == {live_charts.RATE_STEP_S} and times.max() == 0.0
+    assert "1 s sliding window" in live_charts.THROUGHPUT.title
 
 
 def test_memory_chart_shows_each_figure_of_this_engine_and_the_process_apart():
