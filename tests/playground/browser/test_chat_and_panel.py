@@ -388,7 +388,7 @@ PLACEHOLDER_FITS = """box => { const t = document.querySelector(box), style = ge
         - parseFloat(style.paddingRight); }"""
 
 
-def test_a_narrow_screen_puts_the_chat_first_and_collapses_the_panel(served, browser, shots):
+def test_a_narrow_screen_puts_the_chat_first_and_collapses_the_panel(served, browser):
     narrow = open_page(browser, served[1], width=400, height=860)
     try:
         narrow.wait_for_timeout(1500)
@@ -397,7 +397,6 @@ def test_a_narrow_screen_puts_the_chat_first_and_collapses_the_panel(served, bro
         assert not narrow.locator("#ctl-backend").is_visible(), "the engine panel should start collapsed"
         assert narrow.locator("#message textarea").bounding_box()["y"] < 860, "the composer is below the screen"
         assert narrow.evaluate(PLACEHOLDER_FITS, "#message textarea"), "the message box's placeholder is cut"
-        narrow.screenshot(path=str(shots / "narrow-screen.png"))
         narrow.locator("#engine-acc > .label-wrap").click()
         narrow.wait_for_selector("#ctl-backend", state="visible", timeout=5_000)
     finally:
