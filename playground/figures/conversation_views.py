@@ -11,21 +11,23 @@ from __future__ import annotations
 import html
 
 from playground.figures.replies import figures_html, spec_acceptance_text
+from playground.figures.spread import running_spreads
 from playground.shared.conversation import Conversation, Exchange
 
 THINKING = '<span class="thinking">waiting for the engine…</span>'
 
 
 def render_chat(conversation: Conversation) -> list[dict]:
-    """The chat box's messages: two per exchange (user, assistant), so message 2i is exchange i's question."""
+    """The chat box's messages: two per exchange (user, assistant), so message 2i is exchange i's question; each
+    reply's TTFT and decode speed beside its configuration's running median and range in this conversation."""
     messages = []
-    for exchange in conversation.exchanges:
+    for exchange, spreads in zip(conversation.exchanges, running_spreads(conversation.exchanges), strict=True):
         body = html.escape(exchange.reply, quote=False) if exchange.reply else ("" if exchange.done else THINKING)
         if exchange.error:
             body += f'\n\n<div class="reply-error">✕ {html.escape(exchange.error, quote=False)}</div>'
         if exchange.figures or exchange.done:
             body += figures_html(exchange.shown_figures, exchange.finish_reason, exchange.dropped_turns,
-                                 live=not exchange.done)
+                                 live=not exchange.done, spreads=spreads)
         messages += [{"role": "user", "content": html.escape(exchange.user, quote=False)},
                      {"role": "assistant", "content": body}]
     return messages

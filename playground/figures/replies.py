@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 
 from engine import RequestMetrics
+from playground.figures.spread import Spread
 
 FIGURE_TITLES = {
     "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
@@ -63,13 +64,21 @@ def reply_figures(metrics: RequestMetrics | None, speculative: bool) -> dict:
     return figures
 
 
-def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns: int = 0, live: bool = False) -> str:
-    """A row of small labelled chips placed under a reply (hover a chip for its definition)."""
-    chips = [("engine TTFT", _fmt(figures.get("engine_ttft_ms"), "{:.0f} ms"))]
+def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns: int = 0, live: bool = False,
+                 spreads: dict[str, Spread] | None = None) -> str:
+    """A row of small labelled chips placed under a reply (hover a chip for its definition); `spreads` puts the
+    configuration's running median and range beside the reply's TTFT and decode speed."""
+    spreads = spreads or {}
+
+    def with_spread(key: str, number: str, unit: str) -> str:
+        own = _fmt(figures.get(key), f"{number} {unit}")
+        return f"{own} ({spreads[key].text(number, unit)})" if key in spreads else own
+
+    chips = [("engine TTFT", with_spread("engine_ttft_ms", "{:.0f}", "ms"))]
     if figures.get("visible_ttft_ms") is not None:
         chips.append(("Enter → text", _fmt(figures["visible_ttft_ms"], "{:.0f} ms")))
     chips += [
-        ("decode", _fmt(figures.get("decode_tokens_per_s"), "{:.1f} tok/s")),
+        ("decode", with_spread("decode_tokens_per_s", "{:.1f}", "tok/s")),
         ("prompt", f"{figures.get('prompt_tokens') or 0} tok · {figures.get('cached_tokens') or 0} cached"),
         ("output", f"{figures.get('output_tokens') or 0} tok"),
     ]
