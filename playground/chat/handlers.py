@@ -19,7 +19,9 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine import EngineError
 from playground.chat.charts import CHART_NAMES, LiveCharts, ttft_chart
+from playground.chat.measure import DEFAULT_REPEATS, measure_prompt
 from playground.figures.configuration import config_tag
 from playground.figures.conversation_views import conversation_markdown, render_chat
 from playground.figures.replies import reply_figures
@@ -68,6 +70,20 @@ class ChatHandlers:
         system = self._text(system_prompt, "system prompt")
         params = parse_sampling(self.settings, max_tokens, temperature, top_p, top_k, seed, stop)
         return text, system, params
+
+    def measure(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, session) -> str:
+        """The chat's "measure" action: the message asked DEFAULT_REPEATS times (at most the server's cap), as a
+        notice with the median and range of its figures; the conversation is left as it was."""
+        session = self.context.session_of(session)
+        try:
+            text, _, params = self._request(message, system_prompt, max_tokens, temperature, top_p, top_k, seed,
+                                            stop)
+            if not text:
+                raise Refused("type a message to measure")
+            repeats = min(DEFAULT_REPEATS, self.settings.max_measure_repeats)
+            return _notice("info", measure_prompt(self.context, session, text, params, repeats))
+        except (Refused, EngineError) as error:
+            return _notice("bad", self.context.describe(error))
 
     # ----- one reply -------------------------------------------------------------------------
 

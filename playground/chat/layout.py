@@ -11,6 +11,7 @@ import gradio as gr
 
 from playground.chat.charts import LiveCharts
 from playground.chat.handlers import CHAT_OUTPUTS, LATENCY_OUTPUTS, ChatHandlers
+from playground.chat.measure import DEFAULT_REPEATS
 from playground.figures import live_charts
 from playground.figures.features import features_html
 from playground.shared.settings import Settings
@@ -39,6 +40,8 @@ def build_chat_column(settings: Settings, ui: dict) -> None:
                                    max_length=settings.max_message_chars)
         ui["send"] = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="send")
         ui["stop"] = gr.Button("Stop", variant="stop", scale=1, min_width=70, elem_id="stop")
+        ui["measure_prompt"] = gr.Button(f"Measure ×{min(DEFAULT_REPEATS, settings.max_measure_repeats)}", scale=1,
+                                         min_width=70, elem_id="measure-prompt")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[], label="try asking",
                                 visible=False, elem_id="examples", type="values")
     with gr.Accordion("Sampling, system prompt, export", open=True, elem_id="sampling-acc"):
@@ -131,5 +134,7 @@ def wire_chat(chat: ChatHandlers, charts: LiveCharts, ui: dict, session) -> None
     ui["clear"].click(chat.clear, [session], outputs, **PRIVATE)
     ui["measure_ppl"].click(charts.measure_perplexity, [session], ui["features"], concurrency_limit=1,
                             concurrency_id="measure", **PRIVATE)
+    ui["measure_prompt"].click(chat.measure, [ui["message"], *sampling, session], ui["notice"], concurrency_limit=1,
+                               concurrency_id="measure", **PRIVATE)
     ui["latency_send"].click(chat.record_visible_latency, [ui["latency"], session],
                              [ui[name] for name in LATENCY_OUTPUTS], queue=False, show_progress="hidden", **PRIVATE)

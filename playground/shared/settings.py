@@ -79,7 +79,8 @@ class Settings:
     requests, its requests in flight, and prompt + output tokens over all its requests (each request
     is also held to `max_prompt_tokens` and `max_new_tokens`); in public mode a run's request rate is
     at least `min_bench_rate` per second and it is stopped after `max_measure_seconds` (None: no cap).
-    One measurement runs at a time, and at most `max_measure_waiting` sessions wait for it.
+    One measurement runs at a time, and at most `max_measure_waiting` sessions wait for it; the chat's "measure"
+    action asks one prompt at most `max_measure_repeats` times.
 
     Every HTTP request's body is at most `max_body_bytes` (413 beyond), its headers must arrive within
     `header_timeout_s` and its body within `body_timeout_s`. The text of one API request (its
@@ -108,6 +109,7 @@ class Settings:
     min_bench_rate: float = 0.0
     max_measure_seconds: int | None = None
     max_measure_waiting: int = 8
+    max_measure_repeats: int = 20
     max_body_bytes: int = 16 * MIB
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
@@ -180,6 +182,7 @@ class Settings:
             max_measure_seconds=_int_env(env, "PLAYGROUND_MAX_MEASURE_SECONDS", 120 if public else 0, minimum=0)
             or None,
             max_measure_waiting=_int_env(env, "PLAYGROUND_MAX_MEASURE_WAITING", 8),
+            max_measure_repeats=_int_env(env, "PLAYGROUND_MAX_MEASURE_REPEATS", 5 if public else 20, minimum=2),
             max_body_bytes=_int_env(env, "PLAYGROUND_MAX_BODY_MIB", 4 if public else 16) * MIB,
             header_timeout_s=_float_env(env, "PLAYGROUND_HEADER_TIMEOUT_S", 10.0),
             body_timeout_s=_float_env(env, "PLAYGROUND_BODY_TIMEOUT_S", 30.0),
