@@ -263,10 +263,12 @@ def history_table_html(runs: list) -> str:
                 cells.append(f"<td>{NOT_APPLICABLE}</td>")
                 continue
             value = run.report[key]
-            ratio = ratio_html(value / base, better) if index and value is not None and base else ""
+            noise = noise_reason(key, None, None, rounds=1)  # each run is one measurement: no spread to judge by
+            ratio = ratio_html(value / base, better, noise) if index and value is not None and base else ""
             cells.append(f"<td>{format_figure(key, value)} {ratio}</td>")
         rows.append(f"<tr><th>{_label(key, HISTORY_LABELS[key])}</th>{''.join(cells)}</tr>")
     legend = "".join(f'<div class="cmp-config"><b>run {run.number}</b> {html.escape(run.label)}</div>' for run in runs)
     return (f'<div id="bench-history-wrap">{legend}<table class="bench-table history"><thead><tr><th>figure</th>'
             f'{head}</tr></thead><tbody>{"".join(rows)}</tbody></table><div class="run-note">ratios to run '
-            f'{runs[0].number}</div></div>')
+            f'{runs[0].number}; a timing ratio between single runs reads "within noise" (repeat the workload, or use '
+            'Compare with several rounds, to tell better from worse)</div></div>')

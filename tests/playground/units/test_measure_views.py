@@ -127,6 +127,10 @@ def test_benchmark_tables_show_a_dash_where_a_figure_does_not_apply():
     runs = [SimpleNamespace(number=1, label="a", report=report), SimpleNamespace(number=2, label="b", report=cached)]
     history = history_table_html(runs).split("prefix-cache hit rate")[1].split("</tr>")[0]
     assert 'class="na"' in history and "50.0%" in history and "×" not in history
+    faster = {**report, "mean_ttft_ms": 0.5}
+    runs[1].report = faster
+    ttft = history_table_html(runs).split("TTFT, mean")[1].split("</tr>")[0]
+    assert "within noise" in ttft and "better" not in ttft  # one run each: a timing ratio is never coloured
 
 
 def step(time, duration=0.01, batch=1, blocks=1, tokens=1):
