@@ -71,9 +71,10 @@ AXIS_TITLES = """chart => [...document.querySelectorAll(chart + ' svg text.axis'
 
 
 def assert_axes_readable(page, chart: str) -> None:
-    """Both axis titles of a line chart are drawn whole inside its box, at least 9 px high and dark."""
+    """Both axis titles of a line chart are drawn whole inside its box, dark, in a font of about 10 px or more (a
+    text box at least 11 px high)."""
     titles = page.evaluate(AXIS_TITLES, chart)
     assert len(titles) == 2, f"{chart}: axis titles {titles}"
     for title in titles:
         assert title["text"] and title["inside"], f"{chart}: clipped {title}"
-        assert title["height"] >= 9 and title["lightness"] < 110, f"{chart}: hard to read {title}"
+        assert title["height"] >= 11 and title["lightness"] < 110, f"{chart}: hard to read {title}"
