@@ -196,31 +196,59 @@ PLAYGROUND_INLINE void widen_rows(const T* rows, int64_t count, int64_t runtime_
   }
 }
 
-// Where the chunk of an item's positions from `position0` lies in the pool: its first slot and how many positions
-// it holds (at most `step`, never past the block's end or the context).
+// A chunk of an item's positions: its first slot in the pool and how many positions it holds.
 struct Chunk {
   int64_t slot0, count;
 };
 
-PLAYGROUND_INLINE Chunk chunk_at(const PagedShape& s, const AttendItem& item, int64_t position0, int64_t step) {
-  const int64_t offset = position0 % s.block_size;
-  return {static_cast<int64_t>(item.table[position0 / s.block_size]) * s.block_size + offset,
-          std::min({item.context_len - position0, step, s.block_size - offset})};
-}
+// An item's positions chunk by chunk through its block table: at most `step` positions a chunk, never across a
+// block's end. Advanced by additions, not a division per chunk (the block size is a runtime value).
+class ChunkWalk {
+ public:
+  ChunkWalk(const PagedShape& s, const AttendItem& item, int64_t step) : s_(s), item_(item), step_(step) {}
 
-// Fetches the keys and values kPrefetchPositions past `position0` into L2; rows are `row_bytes` apart.
-PLAYGROUND_INLINE void prefetch_ahead(const PagedShape& s, const AttendItem& item, int64_t position0, int64_t step,
-                                      int64_t row_bytes) {
-  const int64_t next = position0 + kPrefetchPositions;
-  if (next >= item.context_len) return;
-  const Chunk ahead = chunk_at(s, item, next, step);
-  const char* keys = static_cast<const char*>(item.k_head) + ahead.slot0 * row_bytes;
-  const char* values = static_cast<const char*>(item.v_head) + ahead.slot0 * row_bytes;
-  for (int64_t line = 0; line < ahead.count * row_bytes; line += 64) {
-    __builtin_prefetch(keys + line, 0, kPrefetchLocality);
-    __builtin_prefetch(values + line, 0, kPrefetchLocality);
+  bool more() const { return position_ < item_.context_len; }
+  int64_t position() const { return position_; }
+
+  Chunk chunk() const { return at(block_, offset_, position_); }
+
+  void advance(int64_t count) {
+    position_ += count;
+    offset_ += count;
+    if (offset_ == s_.block_size) {
+      offset_ = 0;
+      ++block_;
+    }
   }
-}
+
+  // Fetches the keys and values kPrefetchPositions ahead into L2; rows are `row_bytes` apart.
+  void prefetch_ahead(int64_t row_bytes) const {
+    if (position_ + kPrefetchPositions >= item_.context_len) return;
+    int64_t block = block_, offset = offset_ + kPrefetchPositions;
+    while (offset >= s_.block_size) {
+      offset -= s_.block_size;
+      ++block;
+    }
+    const Chunk ahead = at(block, offset, position_ + kPrefetchPositions);
+    const char* keys = static_cast<const char*>(item_.k_head) + ahead.slot0 * row_bytes;
+    const char* values = static_cast<const char*>(item_.v_head) + ahead.slot0 * row_bytes;
+    for (int64_t line = 0; line < ahead.count * row_bytes; line += 64) {
+      __builtin_prefetch(keys + line, 0, kPrefetchLocality);
+      __builtin_prefetch(values + line, 0, kPrefetchLocality);
+    }
+  }
+
+ private:
+  Chunk at(int64_t block, int64_t offset, int64_t position) const {
+    return {static_cast<int64_t>(item_.table[block]) * s_.block_size + offset,
+            std::min(item_.context_len - position, std::min(step_, s_.block_size - offset))};
+  }
+
+  const PagedShape& s_;
+  const AttendItem& item_;
+  const int64_t step_;
+  int64_t position_ = 0, block_ = 0, offset_ = 0;
+};
 
 // How many of a chunk's `count` positions from `position0` query i of the item sees: query i of `count` sees
 // positions < context_len - (count - 1 - i), so keys past a row's limit never reach its softmax.
@@ -300,9 +328,10 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
   float* widened_values = widened_keys + W * dim;
   alignas(64) float p[W];
   const int64_t step = std::min<int64_t>(W, s.block_size);
-  for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
-    const Chunk chunk = chunk_at(s, item, position0, step);
-    prefetch_ahead(s, item, position0, step, stride * static_cast<int64_t>(sizeof(T)));
+  for (ChunkWalk walk(s, item, step); walk.more(); ) {
+    const Chunk chunk = walk.chunk();
+    const int64_t position0 = walk.position();
+    walk.prefetch_ahead(stride * static_cast<int64_t>(sizeof(T)));
     const float* keys;
     const float* values;
     if constexpr (std::is_same_v<T, float>) {
@@ -326,6 +355,7 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
         accumulate_values<W, DIM>(accumulators + row * dim, correction, p, values, visible, dim);
       }
     }
+    walk.advance(chunk.count);
   }
   write_outputs(s, item, dim, accumulators, running_sum);
 }
@@ -404,9 +434,10 @@ PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& i
   const playground_cpu::Int8KVOps& ops = *s.int8_ops;
   alignas(64) float key_scale[W] = {}, value_scale[W] = {};
   const int64_t step = std::min<int64_t>(W, s.block_size);
-  for (int64_t position0 = 0; position0 < item.context_len; position0 += step) {
-    const Chunk chunk = chunk_at(s, item, position0, step);
-    prefetch_ahead(s, item, position0, step, stride);
+  for (ChunkWalk walk(s, item, step); walk.more(); ) {
+    const Chunk chunk = walk.chunk();
+    const int64_t position0 = walk.position();
+    walk.prefetch_ahead(stride);
     const int8_t* keys = k_head + chunk.slot0 * stride;
     const int8_t* values = v_head + chunk.slot0 * stride;
     for (int64_t t = 0; t < chunk.count; ++t) {
@@ -443,6 +474,7 @@ PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& i
         store<W>(acc + d, load<W>(acc + d) * correction + __builtin_convertvector(sum, vec<W>) * weight_scale);
       }
     }
+    walk.advance(chunk.count);
   }
   write_outputs(s, item, dim, w.accumulators, w.running_sum);
 }
