@@ -16,7 +16,7 @@ import psutil
 
 from engine import EngineError, EngineInfo, EngineStats
 from playground.figures import live_charts
-from playground.figures.configuration import config_summary
+from playground.figures.configuration import config_summary, config_tag
 from playground.figures.features import features_html, unquantized_weights_bytes
 from playground.shared.context import PlaygroundContext
 from playground.shared.errors import Refused
@@ -70,7 +70,8 @@ class LiveCharts:
         }
         titles = {live_charts.KV_BLOCKS.name: live_charts.kv_blocks_label(session.kv_samples),
                   live_charts.SPECULATIVE.name: live_charts.speculative_label(steps)}
-        plots = {spec.name: live_charts.line_chart_html(spec, frames[spec.name], titles.get(spec.name))
+        label = config_tag(session.config)
+        plots = {spec.name: live_charts.line_chart_html(spec, frames[spec.name], titles.get(spec.name), label)
                  for spec in live_charts.LINE_CHARTS}
         # the acceptance chart shows only while this configuration speculates
         plots[live_charts.SPECULATIVE.name] = gr.HTML(plots[live_charts.SPECULATIVE.name],

@@ -133,7 +133,7 @@ def wire_chat(chat: ChatHandlers, charts: LiveCharts, ui: dict, session) -> None
     ui["chatbot"].clear(chat.clear, [session], outputs, **PRIVATE)
     ui["clear"].click(chat.clear, [session], outputs, **PRIVATE)
     ui["measure_ppl"].click(charts.measure_perplexity, [session], ui["features"], concurrency_limit=1,
-                            concurrency_id="measure", **PRIVATE)
+                            concurrency_id="measure", trigger_mode="always_last", **PRIVATE)
     ui["measure_prompt"].click(chat.measure, [ui["message"], *sampling, session], ui["notice"], concurrency_limit=1,
                                concurrency_id="measure", **PRIVATE)
     ui["latency_send"].click(chat.record_visible_latency, [ui["latency"], session],

@@ -216,12 +216,16 @@ def kv_blocks_label(samples: list[dict]) -> str:
     return f"KV cache blocks in use · of {total} allocated · {ALL_SESSIONS}" if total else KV_BLOCKS.title
 
 
-def line_chart_html(spec: ChartSpec, frame: pd.DataFrame, title: str | None = None) -> str:
+def line_chart_html(spec: ChartSpec, frame: pd.DataFrame, title: str | None = None,
+                    engine_label: str | None = None) -> str:
     """One time-series chart (HTML): `frame`'s series over the window, each in its fixed colour (a series without
-    points this time keeps its place in the legend)."""
+    points this time keeps its place in the legend), under a line naming the engine it plots (`engine_label`, the
+    configuration's label), so that a configuration change shows in every chart."""
     lines = {name: list(zip(rows["time_s"], rows[spec.y], strict=True))
              for name, rows in frame.groupby("series", sort=False)}
-    return chart_box(title or spec.title, line_svg(spec.axes, lines, spec.series, title or spec.title), spec.series)
+    subtitle = f"engine: {engine_label}" if engine_label else None
+    return chart_box(title or spec.title, line_svg(spec.axes, lines, spec.series, title or spec.title), spec.series,
+                     subtitle)
 
 
 # ----- HTML charts --------------------------------------------------------------------------

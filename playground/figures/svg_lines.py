@@ -88,9 +88,11 @@ def line_svg(axes: Axes, lines: dict[str, list[tuple[float, float]]], colours: d
             f'font-size="{FONT}">{"".join(parts)}</svg>')
 
 
-def chart_box(title: str, body: str, legend: dict[str, str]) -> str:
-    """A chart's box: its title, its SVG (or a placeholder) and a legend of series label -> colour."""
+def chart_box(title: str, body: str, legend: dict[str, str], subtitle: str | None = None) -> str:
+    """A chart's box: its title (and a line under it, e.g. which engine it plots), its SVG (or a placeholder) and a
+    legend of series label -> colour."""
     keys = "".join(f'<span class="key" style="background:{colour}"></span>{html.escape(name)}'
                    for name, colour in legend.items())
-    return (f'<div class="run-chart-box"><div class="hchart-title">{html.escape(title)}</div>{body}'
+    under = f'<div class="hchart-subtitle">{html.escape(subtitle)}</div>' if subtitle else ""
+    return (f'<div class="run-chart-box"><div class="hchart-title">{html.escape(title)}</div>{under}{body}'
             + (f'<div class="hchart-legend">{keys}</div>' if keys else "") + "</div>")

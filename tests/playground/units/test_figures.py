@@ -44,8 +44,9 @@ def test_engine_wide_charts_draw_this_sessions_requests_apart():
     assert latest["running (all)"] == 3 and latest["this session"] == 1
     assert batch[batch["series"] == "this session"]["sequences"].sum() == 1  # the request began in the last bin
     assert "all sessions on this engine" in live_charts.THROUGHPUT.title
-    drawn = live_charts.line_chart_html(live_charts.BATCH, batch)
+    drawn = live_charts.line_chart_html(live_charts.BATCH, batch, engine_label="demo · nf4 · GQA 4")
     assert 'data-series="running (all)"' in drawn and 'data-series="this session"' in drawn
+    assert '<div class="hchart-subtitle">engine: demo · nf4 · GQA 4</div>' in drawn
 
 
 def test_axis_tops_are_round_and_never_an_empty_range():
