@@ -719,8 +719,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   const int64_t num_seqs = block_tables.size(0), kv_heads = k_cache.size(0);
   TORCH_CHECK(query_start.numel() == num_seqs && query_len.numel() == num_seqs && context_lens.numel() == num_seqs,
               "one query_start, query_len and context_len per block-table row");
-  const playground_cpu::Int8KVOps* int8_ops =
-      kv_kind == KVKind::kInt8 && int8_path_fits(q.size(2)) ? &playground_cpu::int8_kv_ops() : nullptr;
+  const bool integer_path = kv_kind == KVKind::kInt8 && int8_path_fits(q.size(2));
+  const playground_cpu::Int8KVOps* int8_ops = integer_path ? &playground_cpu::int8_kv_ops(level_kernels().name) : nullptr;
   const PagedShape shape{q.size(1), q.size(1) / kv_heads, q.size(2), block_size, k_cache.size(1),
                          block_tables.size(1), q.stride(0), static_cast<float>(scale), kv_kind, int8_ops};
   const int64_t* starts = query_start.data_ptr<int64_t>();

@@ -271,15 +271,18 @@ constexpr const playground_cpu::Int8KVOps* kX86[2] = {nullptr, nullptr};
 
 }  // namespace
 
-const playground_cpu::Int8KVOps& playground_cpu::int8_kv_ops() { return by_integer_path(kPlain, kX86[0], kX86[1]); }
+const playground_cpu::Int8KVOps& playground_cpu::int8_kv_ops(const char* level) {
+  return by_integer_path(level, kPlain, kX86[0], kX86[1]);
+}
 
 namespace {
 
-// The active path's integer sums over one chunk, for tests: `keys` and `values` [count, dim + 4] int8 pool rows,
+// The integer sums over one chunk on kernel level `level`'s path, for tests: `keys` and `values` [count, dim + 4] int8 pool rows,
 // `queries` [rows, dim] int16, `weights` [rows, kChunkKeys] int16 (0 past count). Returns the raw scores
 // [rows, count] and the sums [rows, dim], both int32.
 std::tuple<at::Tensor, at::Tensor> int8_kv_chunk_sums(const at::Tensor& keys, const at::Tensor& values,
-                                                      const at::Tensor& queries, const at::Tensor& weights) {
+                                                      const at::Tensor& queries, const at::Tensor& weights,
+                                                      const std::string& level) {
   using playground_cpu::kMaxInt8HeadDim;
   const int64_t count = keys.size(0), dim = queries.size(1), rows = queries.size(0);
   TORCH_CHECK(keys.scalar_type() == at::kChar && values.scalar_type() == at::kChar && keys.is_contiguous() &&
@@ -290,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor> int8_kv_chunk_sums(const at::Tensor& keys, co
   TORCH_CHECK(queries.scalar_type() == at::kShort && queries.is_contiguous(), "queries must be contiguous int16");
   TORCH_CHECK(weights.scalar_type() == at::kShort && weights.is_contiguous() && weights.size(0) == rows &&
               weights.size(1) == kChunkKeys, "weights must be contiguous int16 [rows, ", kChunkKeys, "]");
-  const playground_cpu::Int8KVOps& ops = playground_cpu::int8_kv_ops();
+  const playground_cpu::Int8KVOps& ops = playground_cpu::int8_kv_ops(level.c_str());
   std::vector<int16_t> scratch(kChunkKeys * dim);
   at::Tensor raw = at::zeros({rows, kChunkKeys}, keys.options().dtype(at::kInt));
   at::Tensor sums = at::empty({rows, dim}, keys.options().dtype(at::kInt));
@@ -301,13 +304,14 @@ std::tuple<at::Tensor, at::Tensor> int8_kv_chunk_sums(const at::Tensor& keys, co
   return {raw.narrow(1, 0, count), sums};
 }
 
-std::string int8_kv_path() { return playground_cpu::int8_kv_ops().name; }
+std::string int8_kv_path(const std::string& level) { return playground_cpu::int8_kv_ops(level.c_str()).name; }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(playground_cpu, m) {
-  m.def("int8_kv_chunk_sums(Tensor keys, Tensor values, Tensor queries, Tensor weights) -> (Tensor, Tensor)");
-  m.def("int8_kv_path() -> str", &int8_kv_path);
+  m.def("int8_kv_chunk_sums(Tensor keys, Tensor values, Tensor queries, Tensor weights, str level) -> "
+        "(Tensor, Tensor)");
+  m.def("int8_kv_path(str level) -> str", &int8_kv_path);
 }
 
 TORCH_LIBRARY_IMPL(playground_cpu, CPU, m) {

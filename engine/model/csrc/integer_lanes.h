@@ -9,7 +9,6 @@
 
 #include <cstring>
 
-#include "kernels.h"
 #include "vectors.h"  // PLAYGROUND_X86_LEVELS
 
 #if defined(PLAYGROUND_X86_LEVELS)
@@ -22,15 +21,15 @@ namespace {
 
 enum class IntegerPath { kVnni, kAvx2, kPlain };
 
-// VNNI where "avx512" runs on a CPU that has it, AVX2 on "avx2" (or an AVX-512 CPU without VNNI), plain C++ on
-// "baseline" and elsewhere.
-inline IntegerPath integer_path() {
+// For kernel level `level` (active_level_name's names): VNNI where "avx512" runs on a CPU that has it, AVX2 on "avx2"
+// (or an AVX-512 CPU without VNNI), plain C++ on "baseline" and elsewhere. The caller passes the level (read on every
+// call: tests switch levels), so that these kernels depend on no other source file.
+inline IntegerPath integer_path(const char* level) {
 #if defined(PLAYGROUND_X86_LEVELS)
   static const bool vnni = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("x86-64-v4") && __builtin_cpu_supports("avx512vnni");
   }();
-  const char* level = playground_cpu::active_level_name();  // read on every call: tests switch levels
   const bool avx512 = std::strcmp(level, "avx512") == 0;
   if (avx512 && vnni) return IntegerPath::kVnni;
   if (avx512 || std::strcmp(level, "avx2") == 0) return IntegerPath::kAvx2;
@@ -38,10 +37,10 @@ inline IntegerPath integer_path() {
   return IntegerPath::kPlain;
 }
 
-// A file's kernels for the active path, from its plain set and its x86 ones (null where they are not compiled).
+// A file's kernels for `level`'s path, from its plain set and its x86 ones (null where they are not compiled).
 template <typename Kernels>
-const Kernels& by_integer_path(const Kernels& plain, const Kernels* avx2, const Kernels* vnni) {
-  switch (integer_path()) {
+const Kernels& by_integer_path(const char* level, const Kernels& plain, const Kernels* avx2, const Kernels* vnni) {
+  switch (integer_path(level)) {
     case IntegerPath::kVnni: return *vnni;
     case IntegerPath::kAvx2: return *avx2;
     default: return plain;

@@ -33,7 +33,8 @@ struct Int8KVOps {
   const char* name;  // "vnni", "avx2" or "plain"
 };
 
-// The integer attention path for the active kernel level (the same choice packed_linear makes).
-const Int8KVOps& int8_kv_ops();
+// The integer attention path for kernel level `level` (active_level_name's names; the same choice packed_linear
+// makes for it).
+const Int8KVOps& int8_kv_ops(const char* level);
 
 }  // namespace playground_cpu

@@ -400,7 +400,9 @@ constexpr const PackedKernels* kX86[2] = {nullptr, nullptr};
 #endif
 
 // The kernels for the active kernel level (integer_path).
-const PackedKernels& packed_kernels() { return by_integer_path(kPlain, kX86[0], kX86[1]); }
+const PackedKernels& packed_kernels() {
+  return by_integer_path(playground_cpu::active_level_name(), kPlain, kX86[0], kX86[1]);
+}
 
 // Which instructions packed_linear runs now ("vnni", "avx2" or "plain"): tests compare every one.
 std::string packed_kernel_name() {

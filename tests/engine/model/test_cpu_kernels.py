@@ -120,8 +120,8 @@ def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
     try:
         for level in cpu_kernels.kernel_levels():
             cpu_kernels.use_kernel_level(level)
-            paths.add(torch.ops.playground_cpu.int8_kv_path())
-            scores, sums = torch.ops.playground_cpu.int8_kv_chunk_sums(keys, values, queries, weights)
+            paths.add(torch.ops.playground_cpu.int8_kv_path(level))
+            scores, sums = torch.ops.playground_cpu.int8_kv_chunk_sums(keys, values, queries, weights, level)
             assert torch.equal(scores.long(), expected_scores), level
             assert torch.equal(sums.long(), expected_sums), level
     finally:
