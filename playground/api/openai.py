@@ -407,6 +407,18 @@ def build_router(service: OpenAIService) -> APIRouter:
     async def completions(request: Request):
         return await service.respond(request, "text")
 
+    served = {route.path: route.methods for route in router.routes}
+
+    # Last, so that it matches only what no route above serves: OpenAI's error format rather than FastAPI's.
+    @router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+    def unknown(path: str, request: Request):
+        known = served.get(f"/v1/{path}")
+        if known:
+            return APIError(405, f"/v1/{path} takes {', '.join(sorted(known))}, not {request.method}",
+                            code="method_not_allowed").response()
+        return APIError(404, f"this server has no /v1/{path}: it serves /v1/models, /v1/chat/completions and "
+                             "/v1/completions", code="unknown_url").response()
+
     return router
 
 

@@ -130,6 +130,23 @@ def test_bad_requests_get_openai_style_errors(served):
         assert error.value.code == 400 and message in json.loads(error.value.read())["error"]["message"]
 
 
+@pytest.mark.parametrize(("method", "path", "status", "words"), [
+    ("POST", "v1/embeddings", 404, "no /v1/embeddings"), ("GET", "v1/no/such/route", 404, "no /v1/no/such/route"),
+    ("GET", "v1/chat/completions", 405, "takes POST, not GET")])
+def test_routes_it_does_not_serve_answer_in_openais_format(served, method, path, status, words):
+    """An unknown route (or a known one asked with the wrong method) gets OpenAI's error shape, not FastAPI's
+    {"detail": "Not Found"}, so a client reads it like any other refusal."""
+    request = urllib.request.Request(served.url + path, method=method, data=b"{}" if method == "POST" else None,
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    body = json.loads(error.value.read())
+    assert error.value.code == status and words in body["error"]["message"], body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    with pytest.raises(openai.NotFoundError):
+        served.client.embeddings.create(model=served.model, input="hi")
+
+
 def test_the_allow_list_and_the_queue_bound_hold(served):
     from playground.api.errors import APIError
     from playground.api.openai import OpenAIService
