@@ -282,6 +282,14 @@ PLAYGROUND_INLINE vec<W> softmax_step(vec<W> scores, int64_t visible, float& run
   return weights;
 }
 
+// Every row's softmax state before the item's first chunk: zero accumulators and sums, a maximum of -infinity.
+PLAYGROUND_INLINE void start_rows(int64_t rows, int64_t dim, float* accumulators, float* running_max,
+                                  float* running_sum) {
+  std::fill(accumulators, accumulators + rows * dim, 0.f);
+  std::fill(running_max, running_max + rows, kNegInf);
+  std::fill(running_sum, running_sum + rows, 0.f);
+}
+
 // The item's outputs: each row's accumulator divided by its softmax sum.
 PLAYGROUND_INLINE void write_outputs(const PagedShape& s, const AttendItem& item, int64_t dim,
                                      const float* accumulators, const float* running_sum) {
@@ -321,9 +329,7 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
     const float* q_row = query_row(s, item, row, dim);
     for (int64_t d = 0; d < dim; ++d) queries[row * dim + d] = q_row[d] * s.scale;
   }
-  std::fill(accumulators, accumulators + rows * dim, 0.f);
-  std::fill(running_max, running_max + rows, kNegInf);
-  std::fill(running_sum, running_sum + rows, 0.f);
+  start_rows(rows, dim, accumulators, running_max, running_sum);
   float* widened_keys = running_sum + rows;  // a chunk's rows as float32, for pools of another element type
   float* widened_values = widened_keys + W * dim;
   alignas(64) float p[W];
@@ -407,7 +413,7 @@ PLAYGROUND_INLINE Int8Work carve_int8_work(float* work, int64_t rows, int64_t di
 
 // attend_item_dim for an int8 pool in integers (int8_kv.cpp): each query row quantized to int16 once, then per chunk
 // its scores as exact integer dot products with the int8 keys (times the row's and each key's scale), its softmax
-// weights times each value row's scale quantized to int16 (one scale per row and chunk), and their integer sums
+// weights times each value row's scale quantized to int16 (one scale per chunk), and their integer sums
 // with the int8 values added into the float accumulators. Nothing of the pool is widened to float32.
 template <int W, int DIM>
 PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& item, float* work) {
@@ -428,9 +434,7 @@ PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& i
     for (int64_t d = 0; d < dim; d += W) store_rounded_int16<W>(w.queries + row * dim + d, load<W>(q_row + d) * inverse);
     w.query_scale[row] = row_scale;
   }
-  std::fill(w.accumulators, w.accumulators + rows * dim, 0.f);
-  std::fill(w.running_max, w.running_max + rows, kNegInf);
-  std::fill(w.running_sum, w.running_sum + rows, 0.f);
+  start_rows(rows, dim, w.accumulators, w.running_max, w.running_sum);
   const playground_cpu::Int8KVOps& ops = *s.int8_ops;
   alignas(64) float key_scale[W] = {}, value_scale[W] = {};
   const int64_t step = std::min<int64_t>(W, s.block_size);
@@ -518,10 +522,9 @@ bool int8_path_fits(int64_t head_dim) {
 // Floats of `work` one attention item needs: per query row, its scaled query and accumulator (head_dim each),
 // running maximum and sum, and a chunk's widened keys and values; or what the integer path carves (Int8Work).
 int64_t attention_work_floats(const PagedShape& s, int64_t max_count) {
-  constexpr int64_t kWidestChunk = 16;  // keys a chunk holds at the widest level: its keys and values widened
   const int64_t rows = max_count * s.groups;
   if (s.int8_ops) return int8_work_floats(rows, s.head_dim);
-  return rows * (2 * s.head_dim + 2) + 2 * kWidestChunk * s.head_dim;
+  return rows * (2 * s.head_dim + 2) + 2 * playground_cpu::kChunkKeys * s.head_dim;  // the widest level's chunk
 }
 
 // Outputs `first`..`last` - 1 of y [ROWS, N] = x [ROWS, K] weight[N, K]^T: WIDE weight rows at a time, each

@@ -2,8 +2,8 @@
 // dot products, so that no key or value is ever widened to float32.
 //
 // cpu_kernels.cpp's attention quantizes each query row to int16 (one scale per row, |q| <= 32767) and each row's
-// softmax weights times the values' scales over a chunk to int16 (one scale per chunk, 0..32767), and does the float arithmetic
-// around these sums (the scales, the online softmax). Sixteen bits keep the rounding of the query and of the weights
+// softmax weights times the values' scales over a chunk to int16 (one scale per chunk, 0..32767), and does the
+// float arithmetic around these sums (the scales, the online softmax). Sixteen bits keep the rounding of the query and of the weights
 // two orders of magnitude below the pool's own 8-bit rounding; the sums are exact, so every level here computes the
 // same integers. Keys and values are sign-extended to int16 once per chunk into `scratch` (in L1), then every query
 // row of the chunk reads them: per 32 products, one multiply-add of 16-bit pairs into int32 (AVX-512 VNNI
