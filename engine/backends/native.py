@@ -233,11 +233,12 @@ class NativeBackend:
             return None
         table = manager.allocate_uncached(SCORING_SEQUENCE_ID, len(token_ids))
         step = chunk_tokens or len(token_ids)
+        steps = []
         try:
-            logits = torch.cat([
-                self.executor.execute(StepPlan([SequenceChunk(list(token_ids[start:start + step]), start, table,
-                                                              len(token_ids[start:start + step]))]))
-                for start in range(0, len(token_ids), step)])
+            for start in range(0, len(token_ids), step):
+                chunk = list(token_ids[start:start + step])
+                steps.append(self.executor.execute(StepPlan([SequenceChunk(chunk, start, table, len(chunk))])))
+            logits = torch.cat(steps)
         finally:
             manager.free(SCORING_SEQUENCE_ID)
         return next_token_log_probs(logits[:-1])

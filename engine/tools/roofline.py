@@ -301,9 +301,14 @@ class PhasePoint:
             fraction_of_ceiling=achieved / attainable if attainable else 0.0)
 
     @property
+    def overhead_bound(self) -> bool:
+        """Far below both roofs: under OVERHEAD_BELOW of its ceiling."""
+        return self.fraction_of_ceiling < OVERHEAD_BELOW
+
+    @property
     def verdict(self) -> str:
         """What holds the phase back: "memory-bound", "compute-bound", or "neither bound: overhead" far below both."""
-        return "neither bound: overhead" if self.fraction_of_ceiling < OVERHEAD_BELOW else f"{self.bound}-bound"
+        return "neither bound: overhead" if self.overhead_bound else f"{self.bound}-bound"
 
     def sentence(self, ceilings: DeviceCeilings) -> str:
         """The phase in words: where it sits, what holds it back, how close it comes."""
@@ -316,8 +321,8 @@ class PhasePoint:
                         f"computes {self.achieved_flops / 1e9:.1f} GFLOP/s of the {ceilings.peak_flops / 1e9:.1f} "
                         "GFLOP/s measured")
         text = f"{self.phase} ({self.steps} steps, mean batch {self.mean_batch_size:.1f}) is "
-        if self.fraction_of_ceiling < OVERHEAD_BELOW:
-            text += (f"neither bound: overhead. It reaches {self.fraction_of_ceiling:.0%} of its ceiling (under "
+        if self.overhead_bound:
+            text += (f"{self.verdict}. It reaches {self.fraction_of_ceiling:.0%} of its ceiling (under "
                      f"{OVERHEAD_BELOW:.0%}), so its time goes to what neither roof counts: scheduling, sampling, "
                      f"Python, small kernels' fixed costs. It sits under the {self.bound} roof at {position}")
         else:

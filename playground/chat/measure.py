@@ -41,5 +41,5 @@ def measure_prompt(context: PlaygroundContext, session: Session, message: str, p
                                     ("decode_tokens_per_s", "decode", "{:.1f}", "tok/s")):
         values = [f[key] for f in figures if f.get(key) is not None]
         if values:
-            parts.append(f"{name} {Spread.of(values).text(number, unit).replace(f' over {len(values)} replies', '')}")
+            parts.append(f"{name} {Spread.of(values).range_text(number, unit)}")
     return " · ".join(parts)

@@ -26,10 +26,14 @@ class Spread:
     def of(cls, values: list[float]) -> Spread:
         return cls(statistics.median(values), min(values), max(values), len(values))
 
+    def range_text(self, number: str, unit: str) -> str:
+        """e.g. "median 40 ms, 8–188 ms", each value formatted by `number`."""
+        low, high = number.format(self.low), number.format(self.high)
+        return f"median {number.format(self.median)} {unit}, {low}–{high} {unit}"
+
     def text(self, number: str, unit: str) -> str:
-        """e.g. "median 40 ms, 8–188 ms over 5 replies", each value formatted by `number`."""
-        return (f"median {number.format(self.median)} {unit}, {number.format(self.low)}–{number.format(self.high)} "
-                f"{unit} over {self.count} replies")
+        """e.g. "median 40 ms, 8–188 ms over 5 replies"."""
+        return f"{self.range_text(number, unit)} over {self.count} replies"
 
 
 def running_spreads(exchanges: list) -> list[dict[str, Spread]]:
