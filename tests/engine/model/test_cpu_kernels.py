@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from engine.model import cpu_kernels
 from engine.model.kv_format import from_cache, to_cache
 from engine.model.rotary import apply_rotary
+from tests.support.kernel_levels import each_kernel_level
 from tests.support.paths import PROJECT_ROOT
 
 ATOL = 2e-5
@@ -116,16 +117,11 @@ def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
     expected_scores = queries.long() @ keys[:, :dim].long().T
     expected_sums = weights[:, :count].long() @ values[:, :dim].long()
     paths = set()
-    first = cpu_kernels.kernel_levels()[0]
-    try:
-        for level in cpu_kernels.kernel_levels():
-            cpu_kernels.use_kernel_level(level)
-            paths.add(torch.ops.playground_cpu.int8_kv_path(level))
-            scores, sums = torch.ops.playground_cpu.int8_kv_chunk_sums(keys, values, queries, weights, level)
-            assert torch.equal(scores.long(), expected_scores), level
-            assert torch.equal(sums.long(), expected_sums), level
-    finally:
-        cpu_kernels.use_kernel_level(first)
+    for level in each_kernel_level():
+        paths.add(torch.ops.playground_cpu.int8_kv_path(level))
+        scores, sums = torch.ops.playground_cpu.int8_kv_chunk_sums(keys, values, queries, weights, level)
+        assert torch.equal(scores.long(), expected_scores), level
+        assert torch.equal(sums.long(), expected_sums), level
     assert {"plain"} | ({"avx2"} & set(cpu_kernels.kernel_levels())) <= paths
 
 

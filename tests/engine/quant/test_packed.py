@@ -19,6 +19,7 @@ from engine import ConfigError, Engine, EngineConfig, choice_note, estimate_memo
 from engine.model import cpu_kernels
 from engine.model.packed_linear import PackedLinear, pack_int4, pack_int8, packed_bytes, unpack
 from engine.testing import EngineProbe
+from tests.support.kernel_levels import each_kernel_level
 from tests.support.tiny_models import COMMON
 
 SHAPES = [(1536, 512), (512, 1376), (70, 100), (33, 64)]  # (out, in): fused QKV, down projection, ragged tails
@@ -32,15 +33,7 @@ def quantized_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def every_level(linear: PackedLinear, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    results = {}
-    first = cpu_kernels.kernel_levels()[0]
-    try:
-        for level in cpu_kernels.kernel_levels():
-            cpu_kernels.use_kernel_level(level)
-            results[torch.ops.playground_cpu.packed_kernel_name()] = linear(x)
-    finally:
-        cpu_kernels.use_kernel_level(first)
-    return results
+    return {torch.ops.playground_cpu.packed_kernel_name(): linear(x) for _ in each_kernel_level()}
 
 
 @pytest.mark.parametrize("bits", [8, 4])
