@@ -5,7 +5,7 @@ playground serves, over the same engine pool (a request for a configuration a br
 batched with that tab's chat) and under the same hosting limits: the allow-list, the token,
 message, conversation and stop caps, the memory budget, and the bounds on calls and tokens in
 flight (`admission.py`, 429 beyond them). Everything a request asks for is done as asked or
-refused: a field this server does not implement (or does not know) is a 400 naming it, and a
+refused (`fields.py`): a field this server does not implement (or does not know) is a 400 naming it, and a
 prompt that leaves no room for its `max_tokens` is a 400, as vLLM answers it.
 
 A model id is a model name (curated name, hub id or path, as the allow-list permits), optionally
@@ -33,6 +33,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from engine import EngineConfig, EngineError, RequestError
 from playground.api.admission import Admission, Ticket, client_address
 from playground.api.errors import APIError
+from playground.api.fields import check_fields
+from playground.api.models import ModelCatalogue
 from playground.figures.replies import reply_figures
 from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.configs import default_config, preset_config
@@ -43,18 +45,7 @@ from playground.shared.sampling import parse_sampling
 from playground.shared.values import parse_int
 
 MAX_PROMPTS = 16
-MAX_USER_CHARS = 256
 DISCONNECT_POLL_S = 0.2
-# Fields of OpenAI (and vLLM) requests this server does not implement: refused unless absent or at their neutral value.
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []), "functions": (None, []),
-               "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}), "echo": (None, False),
-               "suffix": (None, ""), "best_of": (None, 1), "presence_penalty": (None, 0, 0.0),
-               "frequency_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
-               "min_p": (None, 0, 0.0), "logit_bias": (None, {}), "n": (None, 1)}
-# The fields each route implements; any other field gets a 400 naming it (`user` is taken and not used).
-SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
-FIELDS = {"chat": {"model", "messages", "max_completion_tokens", "stream", "stream_options", "user", *SAMPLING},
-          "text": {"model", "prompt", "stream", "stream_options", "user", *SAMPLING}}
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
 
@@ -87,23 +78,26 @@ class OpenAIService:
     def __init__(self, context: PlaygroundContext):
         self.context = context
         self.settings = settings = context.settings
+        self.models = ModelCatalogue(context)
         self.admission = Admission(settings.max_concurrent_chats + settings.max_queue, settings.max_tokens_in_flight,
                                    settings.max_client_tokens_in_flight)
 
     # ----- configuration ---------------------------------------------------------------------
 
     def config_for(self, model) -> EngineConfig:
-        """The engine configuration of a model id (`name` or `name@preset`), validated under the hosting limits."""
+        """The engine configuration of a model id (`name` or `name@preset`), validated under the hosting limits;
+        404 `model_not_found` for a model that cannot be loaded here now (`models.py`)."""
         if not isinstance(model, str) or not model.strip() or len(model) > 300:
             raise APIError(400, "model must be a model id (see /v1/models)", param="model")
         name, _, preset = model.strip().partition("@")
+        self.models.check(name)
         try:
             fields = preset_config(preset, name, self.context.presets) if preset else default_config(name)
             return self.context.validate(fields)
         except (EngineError, Refused) as error:
-            status = 403 if "not allowed" in str(error) else 400
-            raise APIError(status, self.context.describe(error), param="model",
-                           code="model_not_found" if status == 403 else None) from None
+            if "not allowed" in str(error):  # a preset's draft model the allow-list forbids
+                raise APIError(404, self.context.describe(error), param="model", code="model_not_found") from None
+            raise APIError(400, self.context.describe(error), param="model") from None
 
     def engine_figures(self, config: EngineConfig) -> dict | None:
         """What a loaded engine of `config` reports about itself (None when it is not loaded: a GET loads nothing)."""
@@ -113,12 +107,6 @@ class OpenAIService:
             info = entry.engine.info
             return {key: getattr(info, key) for key in ("backend", "attention", "dtype", "device", "vocab_size",
                                                         "max_model_len", "num_params")}
-
-    def model_ids(self) -> list[str]:
-        allowed = self.settings.allowed_models
-        names = [name for name in self.context.models if allowed is None or name in allowed]
-        default = self.context.default_config.model
-        return [default] + [name for name in names if name != default]
 
     # ----- requests -------------------------------------------------------------------------
 
@@ -133,17 +121,9 @@ class OpenAIService:
             raise APIError(400, "the request body must be a JSON object")
         return body
 
-    def _check_fields(self, body: dict, kind: str) -> None:
-        for field_name, value in body.items():
-            if field_name in UNSUPPORTED:
-                if value not in UNSUPPORTED[field_name]:
-                    raise APIError(400, f"{field_name} is not supported by this server", param=field_name)
-            elif field_name not in FIELDS[kind]:
-                raise APIError(400, f"unknown field {field_name[:60]!r}: this server takes "
-                                    f"{', '.join(sorted(FIELDS[kind]))}", param=field_name[:60])
-        user = body.get("user")
-        if user is not None and (not isinstance(user, str) or len(user) > MAX_USER_CHARS):
-            raise APIError(400, f"user must be text of at most {MAX_USER_CHARS} characters", param="user")
+    @staticmethod
+    def _check_fields(body: dict, kind: str) -> None:
+        check_fields(body, kind)
         if not isinstance(body.get("stream", False), bool):
             raise APIError(400, "stream must be true or false", param="stream")
         options = body.get("stream_options")
@@ -388,7 +368,7 @@ def build_router(service: OpenAIService) -> APIRouter:
     @router.get("/models")
     def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                            "owned_by": "inference-playground"} for name in service.model_ids()]}
+                                            "owned_by": "inference-playground"} for name in service.models.listed()]}
 
     @router.get("/models/{model_id:path}")
     def model(model_id: str):

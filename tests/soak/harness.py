@@ -118,7 +118,7 @@ def poison_jobs(settings, model: str) -> list[tuple[str, bytes, str, str]]:
         (chat, _body({**base, "seed": 2**70}), "seed", "seed"),
         (chat, _body({**base, "stop": [f"s{i}" for i in range(50)]}), "stop", "stop"),
         (chat, _body({**base, "stop": "\udc00"}), "stop", "stop"),
-        (chat, _body({**base, "n": 3}), "not supported", "n"),
+        (chat, _body({**base, "frequency_penalty": 0.5}), "not supported", "frequency_penalty"),
         (chat, _body({**base, "repetition_penalty": 1.3}), "not supported", "repetition_penalty"),
         (chat, _body({**base, "min_tokens": 8}), "not supported", "min_tokens"),
         (chat, _body({**base, "best_of_luck": 1}), "unknown field", "best_of_luck"),
@@ -140,7 +140,7 @@ def poison_jobs(settings, model: str) -> list[tuple[str, bytes, str, str]]:
          "prompt"),
         (text, _body({"model": model, "prompt": [5] * 1000, "max_tokens": 100}), "context length", "prompt"),
         (text, _body({"model": model, "prompt": [-1, 10**9], "max_tokens": 4}), "token ids", "prompt"),
-        (text, _body({"model": model, "prompt": "hi", "max_tokens": 4, "logprobs": 2}), "not supported", "logprobs"),
+        (text, _body({"model": model, "prompt": "hi", "max_tokens": 4, "echo": True}), "not supported", "echo"),
     ]
 
 

@@ -19,7 +19,7 @@ import gradio as gr
 import pytest
 
 from engine import EngineConfig, list_models
-from playground.api.openai import FIELDS, UNSUPPORTED
+from playground.api.fields import POLICY
 from playground.engine_panel.form import FORM_FIELDS, config_to_form
 from tests.soak.harness import start_public_app
 from tests.support.ui_helpers import api_client
@@ -57,7 +57,7 @@ def test_no_openai_field_gets_a_server_error(served, route):
     _, _, url = served
     kind, base = BASES[route]
     failures = []
-    for field in sorted(FIELDS[kind] | set(UNSUPPORTED)):
+    for field in sorted({f.name for f in POLICY if kind in f.routes}):
         for value in HOSTILE:
             status, raw = post(url, route, json.dumps({**base, field: value}).encode())
             if status == 200:

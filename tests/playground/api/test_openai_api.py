@@ -111,14 +111,14 @@ def test_bad_requests_get_openai_style_errors(served):
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=201)
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client.chat.completions.create(model=served.model, messages=QUESTION, n=2)
+        client.chat.completions.create(model=served.model, messages=QUESTION, presence_penalty=0.5)
     with pytest.raises(openai.BadRequestError, match="characters"):
         client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": "x" * 2001}])
     with pytest.raises(openai.BadRequestError, match="role"):
         client.chat.completions.create(model=served.model, messages=[{"role": "wizard", "content": "hi"}])
     with pytest.raises(openai.BadRequestError, match="no preset"):
         client.completions.create(model=f"{served.model}@../../etc/passwd", prompt="hi")
-    with pytest.raises(openai.BadRequestError, match="unknown model|not a curated name"):
+    with pytest.raises(openai.NotFoundError, match="unknown model|not a curated name"):
         client.completions.create(model="no-such-model", prompt="hi")
     nan_temperature = json.dumps({"model": served.model, "messages": QUESTION, "temperature": 0.5})
     nan_temperature = nan_temperature.replace("0.5", "NaN")
@@ -163,7 +163,8 @@ def test_the_allow_list_and_the_queue_bound_hold(served):
     restricted = create_playground(Settings(allowed_models=frozenset({served.model})), default_model=served.model)
     with pytest.raises(APIError, match="not allowed") as refused:
         OpenAIService(restricted).config_for("someone/huge-model")
-    assert refused.value.status == 403 and restricted.pool.entries() == []
+    assert refused.value.status == 404 and refused.value.code == "model_not_found"
+    assert restricted.pool.entries() == []
 
 
 def test_a_client_that_disconnects_cancels_its_request(served):
