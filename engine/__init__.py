@@ -14,9 +14,11 @@ from engine.core.perplexity import PerplexityResult
 from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
+from engine.guided.decoding import GUIDED_KINDS, MAX_SPEC_CHARS, GuidedDecoding
 from engine.hub import ModelEntry, hub_repo, list_models
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
+from engine.model.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
 from engine.preload import import_serving_modules
@@ -31,9 +33,10 @@ from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, r
 drop_unactionable_library_logs()
 
 __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "Engine", "EngineConfig",
-           "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "GOODPUT_METRICS", "MemoryEstimate", "ModelEntry",
-           "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput",
-           "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "WorkloadSpec", "bench_report",
+           "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "GOODPUT_METRICS", "GUIDED_KINDS",
+           "GuidedDecoding", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry", "ModelLoadError",
+           "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport",
+           "SamplingParams", "StepRecord", "StreamDelta", "TokenLogprob", "WorkloadSpec", "bench_report",
            "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
            "engine_roofline", "estimate_memory", "hub_repo", "import_serving_modules", "list_models", "list_presets",
            "load_preset", "measure_engine", "parse_sets", "plan_engine", "preset_description", "resolve_dataset",

@@ -239,6 +239,11 @@ class Engine:
         if params is not None and not isinstance(params, SamplingParams):
             raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
         params = (params or SamplingParams()).validate()
+        if self.plan.backend != "native" and (params.logprobs is not None or params.guided is not None):
+            raise RequestError("logprobs and guided decoding need the native backend; this model is served through "
+                               "transformers")
+        if params.guided is not None:
+            self.check_guided(params.guided)
         with self._wakeup:
             if self._closed:
                 raise RequestError("the engine is closed")
@@ -246,6 +251,10 @@ class Engine:
             self._inbox.extend(requests)
             self._wake_loop()
         return [RequestHandle(request, self._cancel_request(request)) for request in requests]
+
+    def check_guided(self, guided) -> None:
+        """Refuse a guided-decoding spec this engine cannot enforce, before the request is admitted."""
+        raise RequestError("guided decoding is not built yet in this engine")
 
     def _cancel_request(self, request: Request):
         def cancel() -> None:

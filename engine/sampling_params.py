@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import RequestError
+from engine.guided.decoding import GuidedDecoding
+from engine.model.logprobs import MAX_TOP_LOGPROBS
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRINGS = 16
@@ -38,6 +40,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; 0: the chosen token's; k <= MAX_TOP_LOGPROBS: also the k most likely
+    guided: GuidedDecoding | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -62,6 +66,12 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise RequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         self._validate_stop()
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise RequestError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        if self.guided is not None:
+            if not isinstance(self.guided, GuidedDecoding):
+                raise RequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
+            self.guided.validate()
         if 0 < self.temperature < GREEDY_BELOW_TEMPERATURE:
             return dataclasses.replace(self, temperature=0.0)
         return self

@@ -34,6 +34,7 @@ from engine.core.step_timing import StepProfiler
 from engine.info import EngineStats, StepRecord
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
+from engine.model.logprobs import LogprobRow, TokenLogprob, token_logprobs
 from engine.model.sampler import SamplingTensors, greedy, sample
 from engine.plan import EnginePlan
 from engine.quant.storage import parameter_count, weight_storage_bytes
@@ -151,6 +152,7 @@ class NativeBackend:
             logits = self.executor.execute(plan)
             self.profiler.lap("execute")
             tokens, valid = self._next_tokens(completing, logits)
+            logprobs = self._logprobs(completing, logits, tokens)
             self.profiler.lap("sample")
         except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
             self._fail([item.request for item in scheduled], error)
@@ -165,9 +167,9 @@ class NativeBackend:
                           context_tokens=sum(chunk.end for chunk in plan.chunks),
                           attention_pairs=sum(chunk.attention_pairs for chunk in plan.chunks)))
         try:
-            for item, new_tokens, usable in zip(completing, tokens, valid, strict=True):
+            for item, new_tokens, usable, reported in zip(completing, tokens, valid, logprobs, strict=True):
                 item.request.hold_final = True  # its end is published once its blocks are free (below)
-                self._deliver(item.request, new_tokens, usable, now)
+                self._deliver(item.request, new_tokens, usable, now, reported)
             # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
             self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
             for item in scheduled:
@@ -210,13 +212,32 @@ class NativeBackend:
         return [[token] for token in sampled.tokens.tolist()], sampled.valid.tolist()
 
     @staticmethod
-    def _deliver(request: Request, tokens: list[int], usable: bool, now: float) -> None:
+    def _logprobs(completing: list[ScheduledRequest], logits: torch.Tensor,
+                  tokens: list[list[int]]) -> list[list[TokenLogprob] | None]:
+        """Per completing request, its new tokens' log-probabilities if it asked for them (else None). Token j of a
+        request comes from its j-th logits row: the row after its last token, then one per verified proposal."""
+        wanted: list[LogprobRow] = []
+        row = 0
+        for item, new_tokens in zip(completing, tokens, strict=True):
+            top = item.request.params.logprobs
+            if top is not None:
+                wanted += [LogprobRow(row + j, token, top) for j, token in enumerate(new_tokens)]
+            row += item.num_logits
+        if not wanted:
+            return [None] * len(completing)
+        values = iter(token_logprobs(logits, wanted))
+        return [[next(values) for _ in new_tokens] if item.request.params.logprobs is not None else None
+                for item, new_tokens in zip(completing, tokens, strict=True)]
+
+    @staticmethod
+    def _deliver(request: Request, tokens: list[int], usable: bool, now: float,
+                 logprobs: list[TokenLogprob] | None = None) -> None:
         """Give a request its tokens; a failure here ends this request only."""
         if not usable:
             request.finish("error", "the model produced unusable scores (NaN or infinite logits) for this request")
             return
         try:
-            request.append_tokens(tokens, now)
+            request.append_tokens(tokens, now, logprobs)
         except Exception as error:
             log.error("request %s failed while taking its token:\n%s", request.request_id, traceback.format_exc())
             request.finish("error", f"{type(error).__name__}: {error}")

@@ -33,6 +33,8 @@ class RequestMetrics:
     spec_proposed: int = 0  # speculative tokens verified for this request, how many were accepted,
     spec_accepted: int = 0  # and in how many verification steps (accepted / drafts = tokens gained per step)
     spec_drafts: int = 0
+    guided_mask_s: float = 0.0     # this request's share of the measured grammar-mask work (compute + apply), seconds
+    guided_compile_s: float = 0.0  # its grammar's compile time (0 when the compiled grammar came from the cache)
 
     @classmethod
     def from_timestamps(cls, arrival: float, token_times: list[float], prompt_tokens: int,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.metrics import RequestMetrics
 from engine.core.threads import SIGNAL_CHECK_SECONDS
+from engine.model.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 _request_ids = itertools.count()
@@ -23,7 +24,8 @@ _request_ids = itertools.count()
 
 @dataclass
 class StreamDelta:
-    """What one engine step added to a request: new text and ids, plus its running metrics."""
+    """What one engine step added to a request: new text and ids, plus its running metrics; `logprobs` has one
+    entry per id when the request asked for them (`SamplingParams.logprobs`), else none."""
 
     text: str
     token_ids: list[int]
@@ -31,11 +33,12 @@ class StreamDelta:
     finish_reason: str | None
     metrics: RequestMetrics
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
 class RequestOutput:
-    """The finished result of one request."""
+    """The finished result of one request (`logprobs`: one per token id, None when the request did not ask)."""
 
     request_id: int
     prompt_token_ids: list[int]
@@ -44,6 +47,7 @@ class RequestOutput:
     finish_reason: str
     metrics: RequestMetrics
     error: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(eq=False)
@@ -101,10 +105,11 @@ class Request:
             self.arrival_time, self.token_times, len(self.prompt_token_ids), self.num_cached_tokens or 0,
             self.spec_proposed, self.spec_accepted, self.spec_drafts, with_itl=self.finished)
 
-    def append_tokens(self, token_ids: list[int], now: float) -> None:
-        """Record newly sampled tokens, decide whether the request is done, and publish a delta.
+    def append_tokens(self, token_ids: list[int], now: float, logprobs: list[TokenLogprob] | None = None) -> None:
+        """Record newly sampled tokens (and their log-probabilities, one each, when asked for), decide whether the
+        request is done, and publish a delta.
 
-        Tokens past a stop condition (EOS, stop string, max_tokens, context length) are dropped.
+        Tokens past a stop condition (EOS, stop string, max_tokens, context length) are dropped, with theirs.
         """
         accepted: list[int] = []
         for token in token_ids:
@@ -122,7 +127,8 @@ class Request:
             self.finish_reason = "stop"
         if self.finished and not hit_stop:
             text += self.detokenizer.flush()
-        self._publish(StreamDelta(text, accepted, self.finished, self.finish_reason, self.metrics()))
+        self._publish(StreamDelta(text, accepted, self.finished, self.finish_reason, self.metrics(),
+                                  logprobs=list(logprobs[:len(accepted)]) if logprobs else []))
 
     def finish(self, reason: str, error: str | None = None) -> None:
         """End the request without a new token: "cancelled" by its caller, "aborted" by the engine
@@ -158,6 +164,7 @@ class RequestHandle:
         self._cancel = cancel
         self._text: list[str] = []
         self._token_ids: list[int] = []
+        self._logprobs: list[TokenLogprob] | None = None if request.params.logprobs is None else []
         self._last: StreamDelta | None = None
 
     def __iter__(self) -> Iterator[StreamDelta]:
@@ -168,6 +175,8 @@ class RequestHandle:
                 continue
             self._text.append(delta.text)
             self._token_ids.extend(delta.token_ids)
+            if self._logprobs is not None:
+                self._logprobs.extend(delta.logprobs)
             self._last = delta
             yield delta
 
@@ -184,4 +193,4 @@ class RequestHandle:
             pass
         last = self._last
         return RequestOutput(self.request_id, self.prompt_token_ids, "".join(self._text), self._token_ids,
-                             last.finish_reason, last.metrics, last.error)
+                             last.finish_reason, last.metrics, last.error, self._logprobs)
