@@ -1,14 +1,14 @@
 """Which API calls may start: a bound on the calls in flight and on the tokens they may generate, overall and per
 client.
 
-Why: one call can ask for many sequences (a completion of 16 prompts of 256 tokens each), so counting calls let one
-client queue hundreds of sequences ahead of everyone else. A call holds `prompts x max_tokens` tokens from before it
-is tokenised until it ends (finished, failed, or its client gone); a call that would take the calls past
-PLAYGROUND_MAX_CONCURRENT_CHATS + PLAYGROUND_MAX_QUEUE, the server's tokens past PLAYGROUND_MAX_TOKENS_IN_FLIGHT,
-its client's tokens past PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT or its client's calls past a quarter of the calls
-(CLIENT_CALL_SHARE) gets 429 and costs nothing, so one client alone cannot fill the bounds. A client is its address;
-behind a proxy, the last address of the header the proxy sets (PLAYGROUND_CLIENT_ADDRESS_HEADER, `x-forwarded-for`
-on a Space), since that is the one the proxy itself saw.
+Why: one call can ask for many sequences (a completion of 16 prompts of 256 tokens each, `n` choices of each), so
+counting calls let one client queue hundreds of sequences ahead of everyone else. A call holds
+`prompts x n x max_tokens` tokens from before it is tokenised until it ends (finished, failed, or its client gone);
+a call that would take the calls past PLAYGROUND_MAX_CONCURRENT_CHATS + PLAYGROUND_MAX_QUEUE, the server's tokens
+past PLAYGROUND_MAX_TOKENS_IN_FLIGHT, its client's tokens past PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT or its
+client's calls past a quarter of the calls (CLIENT_CALL_SHARE) gets 429 and costs nothing, so one client alone
+cannot fill the bounds. A client is its address; behind a proxy, the last address of the header the proxy sets
+(PLAYGROUND_CLIENT_ADDRESS_HEADER, `x-forwarded-for` on a Space), since that is the one the proxy itself saw.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Admission:
         """A ticket for a call of `client` that may generate `tokens`; APIError 429 beyond a bound (400 for a call
         that no bound could ever admit)."""
         if tokens > min(self.max_tokens, self.max_client_tokens):
-            raise APIError(400, f"this request may generate {tokens:,} tokens (prompts x max_tokens), over the "
+            raise APIError(400, f"this request may generate {tokens:,} tokens (prompts x n x max_tokens), over the "
                                 f"{min(self.max_tokens, self.max_client_tokens):,} one client may have in flight "
                                 "here (PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT): fewer prompts or a smaller max_tokens",
                            param="max_tokens")
@@ -67,7 +67,7 @@ class Admission:
             if self._tokens[client] + tokens > self.max_client_tokens:
                 raise self._busy(f"your requests in flight would ask for {self._tokens[client] + tokens:,} tokens, "
                                  f"over the {self.max_client_tokens:,} one client may have "
-                                 "(PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT, prompts x max_tokens); retry once some "
+                                 "(PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT, prompts x n x max_tokens); retry once some "
                                  "have finished")
             if self._client_calls[client] >= self.max_client_calls:
                 raise self._busy(f"you have {self._client_calls[client]} requests in flight, the most one client may "

@@ -69,7 +69,7 @@ POLICY: tuple[Field, ...] = (
     _honoured("stop", "up to 4 strings; the reply ends before the first"),
     _honoured("stream", "server-sent events ending with `data: [DONE]`"),
     _honoured("stream_options", "`include_usage`: a last chunk with `usage`"),
-    _refused("n", "not yet", (1,)),
+    _honoured("n", "n choices per prompt (at most 8), one engine request each, sharing the prompt's KV blocks"),
     _refused("logprobs", "not yet", (False,)),
     _refused("top_logprobs", "not yet", (0,), routes=(CHAT,)),
     _refused("response_format", "not yet", ({"type": "text"},), routes=(CHAT,)),

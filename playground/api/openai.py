@@ -19,6 +19,7 @@ streamed or not.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import threading
@@ -32,6 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine import EngineConfig, EngineError, RequestError
 from playground.api.admission import Admission, Ticket, client_address
+from playground.api.choices import choice_seeds, parse_n, usage
 from playground.api.errors import APIError
 from playground.api.fields import check_fields
 from playground.api.models import ModelCatalogue
@@ -187,29 +189,29 @@ class OpenAIService:
                                 "in all, this server's limit (PLAYGROUND_MAX_CONVERSATION_CHARS)", param="prompt")
         return prompts
 
-    def _admit(self, request: Request, body: dict, prompts: int) -> Ticket:
-        """A place among the calls in flight, holding the tokens the call may generate (before anything is
-        tokenised: an explicit max_tokens, checked, else the server's cap)."""
+    def _admit(self, request: Request, body: dict, sequences: int) -> Ticket:
+        """A place among the calls in flight, holding the tokens the call's `sequences` (prompts x n) may generate
+        (before anything is tokenised: an explicit max_tokens, checked, else the server's cap)."""
         budget_field, asked = self._max_tokens(body)
         try:
             max_tokens = self.settings.max_new_tokens if asked is None else parse_int(budget_field, asked, 1)
         except Refused as refusal:
             raise APIError.refused(refusal) from None
-        tokens = prompts * min(max_tokens, self.settings.max_new_tokens)
+        tokens = sequences * min(max_tokens, self.settings.max_new_tokens)
         return self.admission.admit(client_address(request, self.settings.client_address_header), tokens)
 
-    def _start(self, body: dict, prompts: list, kind: str, ticket: Ticket) -> tuple[_Job, dict]:
+    def _start(self, body: dict, prompts: list, kind: str, n: int, ticket: Ticket) -> tuple[_Job, dict]:
         """Lease the engine, encode every prompt, check the limits, submit; runs in a worker thread.
 
         On success the returned job owns the call's ticket; on failure the ticket is given back.
         """
         try:
-            return self._submit(body, prompts, kind, ticket)
+            return self._submit(body, prompts, kind, n, ticket)
         except BaseException:
             self.admission.leave(ticket)
             raise
 
-    def _submit(self, body: dict, prompts: list, kind: str, ticket: Ticket) -> tuple[_Job, dict]:
+    def _submit(self, body: dict, prompts: list, kind: str, n: int, ticket: Ticket) -> tuple[_Job, dict]:
         config = self.config_for(body.get("model"))
         try:
             entry = self.context.pool.acquire(config)
@@ -237,7 +239,8 @@ class OpenAIService:
                                code="context_length_exceeded")
             params = self._sampling(body, ids, max_model_len, kind)
             speculative = config.speculative != "off"
-            job.handles = [engine.submit(prompt_ids, params) for prompt_ids in ids]
+            job.handles = [engine.submit(prompt_ids, dataclasses.replace(params, seed=seed))
+                           for prompt_ids in ids for seed in choice_seeds(params.seed, n)]
         except BaseException:
             job.close()
             raise
@@ -262,25 +265,18 @@ class OpenAIService:
 
     # ----- responses ------------------------------------------------------------------------
 
-    @staticmethod
-    def _usage(outputs_metrics: list) -> dict:
-        prompt = sum(m.prompt_tokens for m in outputs_metrics)
-        completion = sum(m.output_tokens for m in outputs_metrics)
-        cached = sum(m.cached_tokens for m in outputs_metrics)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
-
     async def respond(self, request: Request, kind: str):
         """One `/v1/chat/completions` (kind "chat") or `/v1/completions` (kind "text") request."""
         try:
             body = await self._body(request)
             self._check_fields(body, kind)
             prompts = [self._messages(body.get("messages"))] if kind == "chat" else self._prompts(body.get("prompt"))
-            ticket = self._admit(request, body, len(prompts))
+            n = parse_n(body)
+            ticket = self._admit(request, body, len(prompts) * n)
         except APIError as error:
             return error.response()
         try:
-            job, extra = await anyio.to_thread.run_sync(self._start, body, prompts, kind, ticket)
+            job, extra = await anyio.to_thread.run_sync(self._start, body, prompts, kind, n, ticket)
         except APIError as error:
             return error.response()
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -292,14 +288,14 @@ class OpenAIService:
                 job.close()
             if outputs is None:
                 return APIError(499, "the client closed the connection", code="client_closed_request").response()
-            return self._complete(kind, meta, outputs, extra["speculative"])
+            return self._complete(kind, meta, outputs, n, extra["speculative"])
         options = body.get("stream_options") or {}
-        events = self._events(kind, meta, job, extra["speculative"], options.get("include_usage", False))
+        events = self._events(kind, meta, job, n, extra["speculative"], options.get("include_usage", False))
         weakref.finalize(events, job.close)  # a stream that never starts still returns its lease and place
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    def _complete(self, kind: str, meta: dict, outputs: list, speculative: bool) -> JSONResponse:
+    def _complete(self, kind: str, meta: dict, outputs: list, n: int, speculative: bool) -> JSONResponse:
         failed = [o for o in outputs if o.finish_reason == "error"]
         if failed:
             return APIError(500, f"the engine failed this request: {failed[0].error}", kind="server_error").response()
@@ -312,10 +308,10 @@ class OpenAIService:
                 choice["text"] = output.text
             choices.append(choice)
         return JSONResponse({**meta, "object": "chat.completion" if kind == "chat" else "text_completion",
-                             "choices": choices, "usage": self._usage([o.metrics for o in outputs]),
+                             "choices": choices, "usage": usage([o.metrics for o in outputs], n),
                              "metrics": [reply_figures(o.metrics, speculative) for o in outputs]})
 
-    async def _events(self, kind: str, meta: dict, job: _Job, speculative: bool, include_usage: bool):
+    async def _events(self, kind: str, meta: dict, job: _Job, n: int, speculative: bool, include_usage: bool):
         """Server-sent events: one chunk per engine delta, a final chunk per choice, usage if asked, [DONE]."""
         chunk_type = "chat.completion.chunk" if kind == "chat" else "text_completion"
         deltas: queue.Queue = queue.Queue()
@@ -354,9 +350,9 @@ class OpenAIService:
                     yield chunk(index, None, FINISH.get(delta.finish_reason, "stop"))
             if include_usage:
                 ordered = [metrics[i] for i in range(len(job.handles))]
-                usage = {**meta, "object": chunk_type, "choices": [], "usage": self._usage(ordered),
+                last = {**meta, "object": chunk_type, "choices": [], "usage": usage(ordered, n),
                          "metrics": [reply_figures(m, speculative) for m in ordered]}
-                yield f"data: {json.dumps(usage)}\n\n"
+                yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             job.close()

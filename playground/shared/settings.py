@@ -85,7 +85,7 @@ class Settings:
     Every HTTP request's body is at most `max_body_bytes` (413 beyond), its headers must arrive within
     `header_timeout_s` and its body within `body_timeout_s`. The text of one API request (its
     messages or prompts) is at most `max_conversation_chars`, checked before anything is tokenised.
-    API calls in flight hold `prompts x max_tokens` tokens each: at most `max_tokens_in_flight` over
+    API calls in flight hold `prompts x n x max_tokens` tokens each: at most `max_tokens_in_flight` over
     all clients and `max_client_tokens_in_flight` for one client (its address, or the last address of
     the `client_address_header` a proxy sets). `warnings` are printed loudly when the server starts.
     """

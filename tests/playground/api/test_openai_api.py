@@ -77,6 +77,39 @@ def test_streaming_chat_sends_the_same_text_as_events_with_usage(served):
                                                               whole.usage.completion_tokens)
 
 
+def test_n_choices_are_distinct_reproducible_and_share_the_prompts_kv_blocks(served):
+    """n=3 at temperature 0.8 with a seed: three different replies, the same three on every run, streamed or not;
+    choices 1 and 2 find the prompt's full blocks in the prefix cache, computed once by choice 0."""
+    engine = default_engine(served)
+    question = [{"role": "system", "content": "You answer questions about the Python standard library, briefly."},
+                {"role": "user", "content": "Tell me something."}]
+    ask = {"model": served.model, "messages": question, "n": 3, "temperature": 0.8, "seed": 7, "max_tokens": 16}
+    first = served.client.chat.completions.create(**ask)
+    texts = [choice.message.content for choice in first.choices]
+    assert [choice.index for choice in first.choices] == [0, 1, 2] and len(set(texts)) == 3, texts
+    prompt = len(engine.encode(question))
+    shared = (prompt - 1) // engine.config.block_size * engine.config.block_size
+    assert shared >= engine.config.block_size, "the prompt should fill at least one KV block"
+    assert [m["cached_tokens"] for m in first.model_extra["metrics"]] == [0, shared, shared]
+    assert first.usage.prompt_tokens == prompt and first.usage.completion_tokens == sum(
+        m["output_tokens"] for m in first.model_extra["metrics"])
+    assert [c.message.content for c in served.client.chat.completions.create(**ask).choices] == texts
+    streamed = {0: "", 1: "", 2: ""}
+    for chunk in served.client.chat.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert list(streamed.values()) == texts
+    by_prompt = served.client.completions.create(model=served.model, prompt=["import os", "def add(a, b):"], n=2,
+                                                 max_tokens=4, temperature=0)
+    assert [c.index for c in by_prompt.choices] == [0, 1, 2, 3]
+    assert by_prompt.choices[0].text == by_prompt.choices[1].text != by_prompt.choices[2].text
+    with pytest.raises(openai.BadRequestError, match="prompts x n x max_tokens"):  # 3 x 8 x 200 over 3200
+        served.client.completions.create(model=served.model, prompt=["a", "b", "c"], n=8, max_tokens=200)
+    with pytest.raises(openai.BadRequestError, match="n must be") as too_many:
+        served.client.chat.completions.create(model=served.model, messages=question, n=9)
+    assert too_many.value.body["param"] == "n"
+
+
 def test_completions_take_text_and_token_ids_and_a_preset(served):
     engine = default_engine(served)
     ids = engine.encode("def add(a, b):")
