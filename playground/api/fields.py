@@ -70,8 +70,9 @@ POLICY: tuple[Field, ...] = (
     _honoured("stream", "server-sent events ending with `data: [DONE]`"),
     _honoured("stream_options", "`include_usage`: a last chunk with `usage`"),
     _honoured("n", "n choices per prompt (at most 8), one engine request each, sharing the prompt's KV blocks"),
-    _refused("logprobs", "not yet", (False,)),
-    _refused("top_logprobs", "not yet", (0,), routes=(CHAT,)),
+    _honoured("logprobs", "chat: true/false; completions: 0-20 alternatives; of the raw logits (before "
+                          "temperature, as vLLM reports them)"),
+    _honoured("top_logprobs", "0-20 alternatives per token (5 on a public server)", routes=(CHAT,)),
     _refused("response_format", "not yet", ({"type": "text"},), routes=(CHAT,)),
     _refused("tools", "not yet", ([],), routes=(CHAT,)),
     _refused("tool_choice", "not yet", ("none",), routes=(CHAT,)),

@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 
 import anyio
 from fastapi import APIRouter, Request
@@ -36,6 +37,7 @@ from playground.api.admission import Admission, Ticket, client_address
 from playground.api.choices import choice_seeds, parse_n, usage
 from playground.api.errors import APIError
 from playground.api.fields import check_fields
+from playground.api.logprobs import chat_logprobs, parse_logprobs, text_logprobs, token_bytes
 from playground.api.models import ModelCatalogue
 from playground.figures.replies import reply_figures
 from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
@@ -49,6 +51,15 @@ from playground.shared.values import parse_int
 MAX_PROMPTS = 16
 DISCONNECT_POLL_S = 0.2
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+@dataclass(frozen=True)
+class Call:
+    """What one request asks for beyond its prompts and sampling, parsed before it is admitted."""
+
+    kind: str  # "chat" or "text"
+    n: int = 1
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
 
 
 class _Job:
@@ -200,19 +211,19 @@ class OpenAIService:
         tokens = sequences * min(max_tokens, self.settings.max_new_tokens)
         return self.admission.admit(client_address(request, self.settings.client_address_header), tokens)
 
-    def _start(self, body: dict, prompts: list, kind: str, n: int, ticket: Ticket) -> tuple[_Job, dict]:
+    def _start(self, body: dict, prompts: list, call: Call, ticket: Ticket) -> tuple[_Job, dict]:
         """Lease the engine, encode every prompt, check the limits, submit; runs in a worker thread.
 
         On success the returned job owns the call's ticket; on failure the ticket is given back.
         """
         try:
-            return self._submit(body, prompts, kind, n, ticket)
+            return self._submit(body, prompts, call, ticket)
         except BaseException:
             self.admission.leave(ticket)
             raise
 
-    def _submit(self, body: dict, prompts: list, kind: str, n: int, ticket: Ticket) -> tuple[_Job, dict]:
-        config = self.config_for(body.get("model"))
+    def _submit(self, body: dict, prompts: list, call: Call, ticket: Ticket) -> tuple[_Job, dict]:
+        config, kind = self.config_for(body.get("model")), call.kind
         try:
             entry = self.context.pool.acquire(config)
         except Exception as error:  # a load that failed or is over budget: the caller's problem to report
@@ -237,10 +248,13 @@ class OpenAIService:
                 raise APIError(400, f"the prompt is {longest} tokens; this server allows "
                                     f"{self.settings.max_prompt_tokens} (PLAYGROUND_MAX_PROMPT_TOKENS)", param=what,
                                code="context_length_exceeded")
-            params = self._sampling(body, ids, max_model_len, kind)
+            params = dataclasses.replace(self._sampling(body, ids, max_model_len, kind), logprobs=call.logprobs)
+            if call.logprobs is not None and engine.tokenizer is None:
+                raise APIError(400, "this model has no tokenizer, so its tokens have no text to report logprobs of",
+                               param="logprobs")
             speculative = config.speculative != "off"
             job.handles = [engine.submit(prompt_ids, dataclasses.replace(params, seed=seed))
-                           for prompt_ids in ids for seed in choice_seeds(params.seed, n)]
+                           for prompt_ids in ids for seed in choice_seeds(params.seed, call.n)]
         except BaseException:
             job.close()
             raise
@@ -271,12 +285,12 @@ class OpenAIService:
             body = await self._body(request)
             self._check_fields(body, kind)
             prompts = [self._messages(body.get("messages"))] if kind == "chat" else self._prompts(body.get("prompt"))
-            n = parse_n(body)
-            ticket = self._admit(request, body, len(prompts) * n)
+            call = Call(kind, parse_n(body), parse_logprobs(body, kind, self.settings.max_top_logprobs))
+            ticket = self._admit(request, body, len(prompts) * call.n)
         except APIError as error:
             return error.response()
         try:
-            job, extra = await anyio.to_thread.run_sync(self._start, body, prompts, kind, n, ticket)
+            job, extra = await anyio.to_thread.run_sync(self._start, body, prompts, call, ticket)
         except APIError as error:
             return error.response()
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -288,31 +302,42 @@ class OpenAIService:
                 job.close()
             if outputs is None:
                 return APIError(499, "the client closed the connection", code="client_closed_request").response()
-            return self._complete(kind, meta, outputs, n, extra["speculative"])
+            return self._complete(call, meta, job, outputs, extra["speculative"])
         options = body.get("stream_options") or {}
-        events = self._events(kind, meta, job, n, extra["speculative"], options.get("include_usage", False))
+        events = self._events(call, meta, job, extra["speculative"], options.get("include_usage", False))
         weakref.finalize(events, job.close)  # a stream that never starts still returns its lease and place
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    def _complete(self, kind: str, meta: dict, outputs: list, n: int, speculative: bool) -> JSONResponse:
+    @staticmethod
+    def _logprobs(call: Call, job: _Job, entries: list, offset: int = 0) -> dict | None:
+        """A choice's (or a chunk's) `logprobs` in the route's format; None when the call did not ask."""
+        if call.logprobs is None:
+            return None
+        to_bytes = token_bytes(job.engine.tokenizer)
+        return chat_logprobs(entries, to_bytes) if call.kind == "chat" else text_logprobs(entries, to_bytes, offset)
+
+    def _complete(self, call: Call, meta: dict, job: _Job, outputs: list, speculative: bool) -> JSONResponse:
+        kind = call.kind
         failed = [o for o in outputs if o.finish_reason == "error"]
         if failed:
             return APIError(500, f"the engine failed this request: {failed[0].error}", kind="server_error").response()
         choices = []
         for index, output in enumerate(outputs):
-            choice = {"index": index, "finish_reason": FINISH.get(output.finish_reason, "stop"), "logprobs": None}
+            choice = {"index": index, "finish_reason": FINISH.get(output.finish_reason, "stop"),
+                      "logprobs": self._logprobs(call, job, output.logprobs or [])}
             if kind == "chat":
                 choice["message"] = {"role": "assistant", "content": output.text}
             else:
                 choice["text"] = output.text
             choices.append(choice)
         return JSONResponse({**meta, "object": "chat.completion" if kind == "chat" else "text_completion",
-                             "choices": choices, "usage": usage([o.metrics for o in outputs], n),
+                             "choices": choices, "usage": usage([o.metrics for o in outputs], call.n),
                              "metrics": [reply_figures(o.metrics, speculative) for o in outputs]})
 
-    async def _events(self, kind: str, meta: dict, job: _Job, n: int, speculative: bool, include_usage: bool):
+    async def _events(self, call: Call, meta: dict, job: _Job, speculative: bool, include_usage: bool):
         """Server-sent events: one chunk per engine delta, a final chunk per choice, usage if asked, [DONE]."""
+        kind = call.kind
         chunk_type = "chat.completion.chunk" if kind == "chat" else "text_completion"
         deltas: queue.Queue = queue.Queue()
 
@@ -323,12 +348,17 @@ class OpenAIService:
         for index, handle in enumerate(job.handles):
             threading.Thread(target=pump, args=(index, handle), name="openai-stream", daemon=True).start()
 
-        def chunk(index: int, text: str | None, finish: str | None, first: bool = False) -> str:
+        offsets = [0] * len(job.handles)  # characters of each choice's tokens streamed so far (text_offset)
+
+        def chunk(index: int, text: str | None, finish: str | None, first: bool = False, entries=()) -> str:
+            logprobs = self._logprobs(call, job, list(entries), offsets[index]) if entries else None
+            if logprobs and kind == "text":
+                offsets[index] += sum(len(token) for token in logprobs["tokens"])
             if kind == "chat":
                 delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-                choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+                choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             else:
-                choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+                choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
             return f"data: {json.dumps({**meta, 'object': chunk_type, 'choices': [choice]})}\n\n"
 
         try:
@@ -342,15 +372,15 @@ class OpenAIService:
                     error = {"message": f"the engine failed this request: {delta.error}", "type": "server_error"}
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     return
-                if delta.text:
-                    yield chunk(index, delta.text, None)
+                if delta.text or delta.logprobs:
+                    yield chunk(index, delta.text, None, entries=delta.logprobs)
                 if delta.finished:
                     finished += 1
                     metrics[index] = delta.metrics
                     yield chunk(index, None, FINISH.get(delta.finish_reason, "stop"))
             if include_usage:
                 ordered = [metrics[i] for i in range(len(job.handles))]
-                last = {**meta, "object": chunk_type, "choices": [], "usage": usage(ordered, n),
+                last = {**meta, "object": chunk_type, "choices": [], "usage": usage(ordered, call.n),
                          "metrics": [reply_figures(m, speculative) for m in ordered]}
                 yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"

@@ -87,7 +87,8 @@ class Settings:
     messages or prompts) is at most `max_conversation_chars`, checked before anything is tokenised.
     API calls in flight hold `prompts x n x max_tokens` tokens each: at most `max_tokens_in_flight` over
     all clients and `max_client_tokens_in_flight` for one client (its address, or the last address of
-    the `client_address_header` a proxy sets). `warnings` are printed loudly when the server starts.
+    the `client_address_header` a proxy sets). An API call may ask for at most `max_top_logprobs` alternatives
+    per token. `warnings` are printed loudly when the server starts.
     """
 
     allowed_models: frozenset[str] | None = None
@@ -117,6 +118,7 @@ class Settings:
     max_tokens_in_flight: int = 40_960
     max_client_tokens_in_flight: int = 10_240
     client_address_header: str | None = None
+    max_top_logprobs: int = 20
     public: bool = False
     on_space: bool = False
     warnings: tuple[str, ...] = ()
@@ -192,6 +194,7 @@ class Settings:
             max_client_tokens_in_flight=_int_env(env, "PLAYGROUND_MAX_CLIENT_TOKENS_IN_FLIGHT",
                                                  max(1, tokens_in_flight // 4)),
             client_address_header=header or None,
+            max_top_logprobs=min(20, _int_env(env, "PLAYGROUND_MAX_TOP_LOGPROBS", 5 if public else 20, minimum=0)),
             public=public,
             on_space=on_space,
             warnings=tuple(warnings),

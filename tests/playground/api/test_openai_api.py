@@ -9,6 +9,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from types import SimpleNamespace
 
 import openai
@@ -108,6 +109,45 @@ def test_n_choices_are_distinct_reproducible_and_share_the_prompts_kv_blocks(ser
     with pytest.raises(openai.BadRequestError, match="n must be") as too_many:
         served.client.chat.completions.create(model=served.model, messages=question, n=9)
     assert too_many.value.body["param"] == "n"
+
+
+def test_logprobs_are_the_engines_in_both_formats_streamed_or_not(served):
+    """At temperature 0.7 with a seed, the chat and completions logprobs equal the engine's own TokenLogprobs (raw
+    logits, before temperature) for the same request: the chosen tokens, their bytes, and the top alternatives."""
+    engine = default_engine(served)
+    sampling = {"max_tokens": 8, "temperature": 0.7, "seed": 3, "extra_body": {"ignore_eos": True}}
+    engine_sampling = SamplingParams(max_tokens=8, temperature=0.7, seed=3, ignore_eos=True)
+    expected = engine.generate([engine.encode(QUESTION)], replace(engine_sampling, logprobs=3))[0]
+    assert expected.logprobs and len(expected.logprobs) == 8
+    to_bytes = b"".join(engine.tokenizer.decode([t]).encode() for t in expected.token_ids)
+    chat = served.client.chat.completions.create(model=served.model, messages=QUESTION, logprobs=True,
+                                                 top_logprobs=3, **sampling)
+    content = chat.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([e.logprob for e in expected.logprobs], abs=1e-4)
+    assert b"".join(bytes(c.bytes) for c in content) == to_bytes == chat.choices[0].message.content.encode()
+    assert [t.logprob for c in content for t in c.top_logprobs] == pytest.approx(
+        [lp for e in expected.logprobs for _, lp in e.top], abs=1e-4)
+    assert all(len(c.top_logprobs) == 3 for c in content)
+    streamed = [c for chunk in served.client.chat.completions.create(
+        model=served.model, messages=QUESTION, logprobs=True, top_logprobs=3, stream=True, **sampling)
+        for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [c.logprob for c in streamed] == [c.logprob for c in content]
+    prompt = "def add(a, b):"
+    expected = engine.generate([engine.encode(prompt)], replace(engine_sampling, logprobs=2))[0]
+    text = served.client.completions.create(model=served.model, prompt=prompt, logprobs=2, **sampling).choices[0]
+    assert text.logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs], abs=1e-4)
+    assert "".join(text.logprobs.tokens) == text.text and len(text.logprobs.top_logprobs[0]) in (2, 3)
+    assert text.logprobs.text_offset == [len("".join(text.logprobs.tokens[:i])) for i in range(8)]
+    streamed = [c.choices[0].logprobs for c in served.client.completions.create(
+        model=served.model, prompt=prompt, logprobs=2, stream=True, **sampling) if c.choices[0].logprobs]
+    assert sum((chunk.text_offset for chunk in streamed), []) == text.logprobs.text_offset
+    plain = served.client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    for extra, field in (({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                         ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 2}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            served.client.chat.completions.create(model=served.model, messages=QUESTION, **extra)
+        assert refused.value.body["param"] == field
 
 
 def test_completions_take_text_and_token_ids_and_a_preset(served):
