@@ -15,6 +15,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import gradio as gr
@@ -25,11 +26,14 @@ from playground.chat.measure import DEFAULT_REPEATS, measure_prompt
 from playground.figures.configuration import config_tag
 from playground.figures.conversation_views import conversation_markdown, render_chat
 from playground.figures.replies import reply_figures
+from playground.figures.token_view import reply_tokens
+from playground.figures.validity import reply_validity
 from playground.shared.context import PlaygroundContext
 from playground.shared.conversation import MAX_KEPT_EXCHANGES, Conversation, Exchange, fit_exchange
 from playground.shared.errors import Refused
 from playground.shared.sampling import parse_sampling
 from playground.shared.session import Session, pack
+from playground.shared.structured_output import OFF, parse_structured_output
 
 CHART_REFRESH_S = 0.5
 TEXT_REFRESH_S = 0.05
@@ -37,6 +41,7 @@ MAX_VISIBLE_LATENCY_MS = 600_000.0
 STOP_WAIT_S = 30.0
 CHAT_OUTPUTS = ("chatbot", "message", "session", "stored", "notice", "export_json", "export_md", *CHART_NAMES)
 LATENCY_OUTPUTS = ("chatbot", "stored", "ttft_chart")
+TOP_LOGPROBS = 5  # alternatives shown for each token of a reply with token probabilities
 
 
 def _notice(kind: str, text: str) -> str:
@@ -64,20 +69,27 @@ class ChatHandlers:
                           f"{self.settings.max_message_chars:,} (PLAYGROUND_MAX_MESSAGE_CHARS)")
         return value.strip()
 
-    def _request(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop):
-        """(message, system prompt, SamplingParams), or Refused naming the first bad value."""
+    def _request(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured=OFF,
+                 structured_spec="", token_probs=False):
+        """(message, system prompt, SamplingParams), or Refused naming the first bad value. `structured` and its
+        text ask for structured output (`SamplingParams.guided`), `token_probs` for each token's probability and
+        its top alternatives (`SamplingParams.logprobs`)."""
         text = self._text(message, "message")
         system = self._text(system_prompt, "system prompt")
         params = parse_sampling(self.settings, max_tokens, temperature, top_p, top_k, seed, stop)
-        return text, system, params
+        if not isinstance(token_probs, bool):
+            raise Refused("show token probabilities must be true or false")
+        guided = parse_structured_output(structured, structured_spec, self.settings.max_message_chars)
+        return text, system, replace(params, guided=guided, logprobs=TOP_LOGPROBS if token_probs else None)
 
-    def measure(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, session) -> str:
+    def measure(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured,
+                structured_spec, token_probs, session) -> str:
         """The chat's "measure" action: the message asked DEFAULT_REPEATS times (at most the server's cap), as a
         notice with the median and range of its figures; the conversation is left as it was."""
         session = self.context.session_of(session)
         try:
             text, _, params = self._request(message, system_prompt, max_tokens, temperature, top_p, top_k, seed,
-                                            stop)
+                                            stop, structured, structured_spec, token_probs)
             if not text:
                 raise Refused("type a message to measure")
             repeats = min(DEFAULT_REPEATS, self.settings.max_measure_repeats)
@@ -91,7 +103,8 @@ class ChatHandlers:
         """Stream the reply to `exchange` (the newest of the conversation), yielding the engine whenever
         there is something new to show. Afterwards the exchange is finished (figures, finish reason) and
         the caller shows it once: the page reports its measured wait when it sees the finished figures, and
-        a second finished update, computed before that report, could arrive after it and hide it.
+        a second finished update, computed before that report, could arrive after it and hide it. A reply with
+        structured output gets its validity, one with token probabilities its tokens, once it has ended.
 
         Raises Refused, with the exchange removed again, if the prompt is refused before anything
         streams (it does not fit, the model cannot chat, its engine cannot load).
@@ -99,8 +112,8 @@ class ChatHandlers:
         conversation = session.conversation
         index = conversation.exchanges.index(exchange)
         received = time.perf_counter()
-        speculative = session.config.speculative != "off"
-        metrics, started = None, False
+        speculative, guided = session.config.speculative != "off", params.guided is not None
+        metrics, started, logprobs = None, False, []
         session.streaming, session.stop_requested = True, False
         try:
             with self.context.pool.lease(session.config) as entry:
@@ -109,6 +122,8 @@ class ChatHandlers:
                 fitted = fit_exchange(engine, conversation, index, params.max_tokens, self.settings.max_prompt_tokens,
                                       self.settings.max_conversation_chars)
                 exchange.dropped_turns = fitted.dropped_turns
+                if guided:  # a schema or regex the grammar library refuses is refused here, before anything streams
+                    engine.check_guided(params.guided)
                 stream = engine.stream(fitted.token_ids, params)
                 started = True
                 session.activity.request_started(time.perf_counter())
@@ -117,11 +132,12 @@ class ChatHandlers:
                     for delta in stream:
                         now = time.perf_counter()
                         exchange.reply += delta.text
+                        logprobs += delta.logprobs
                         session.activity.tokens_arrived(now, len(delta.token_ids))
                         metrics = delta.metrics
                         if delta.text and first_text is None:
                             first_text = now
-                        exchange.figures = {**exchange.figures, **reply_figures(metrics, speculative),
+                        exchange.figures = {**exchange.figures, **reply_figures(metrics, speculative, guided),
                                             "first_text_ms": None if first_text is None
                                             else round((first_text - received) * 1000, 1)}
                         if delta.finished:
@@ -134,6 +150,8 @@ class ChatHandlers:
                 finally:
                     stream.close()
                     session.activity.request_ended(time.perf_counter())
+                    if params.logprobs is not None:
+                        exchange.tokens = reply_tokens(engine.tokenizer, logprobs)
         except Exception as failure:  # before streaming: refused; during: the reply shows the error
             if not started:
                 conversation.exchanges.remove(exchange)
@@ -145,7 +163,10 @@ class ChatHandlers:
                 if exchange.finish_reason is None:  # Stop, or the generator was closed (the tab went away)
                     exchange.finish_reason = "cancelled"
                 if metrics is None:
-                    exchange.figures = {**exchange.figures, **reply_figures(None, speculative)}
+                    exchange.figures = {**exchange.figures, **reply_figures(None, speculative, guided)}
+                if guided:
+                    exchange.validity = asdict(reply_validity(params.guided.kind, params.guided.spec, exchange.reply,
+                                                              exchange.finish_reason))
                 session.turns.append(exchange)
 
     def _converse(self, session: Session, exchange: Exchange, params, message_back: str | None,
@@ -192,12 +213,13 @@ class ChatHandlers:
 
     # ----- UI handlers -----------------------------------------------------------------------
 
-    def send(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, session):
+    def send(self, message, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured,
+             structured_spec, token_probs, session):
         """Enter / Send: one new turn."""
         session = self.context.session_of(session)
         try:
             text, system, params = self._request(message, system_prompt, max_tokens, temperature, top_p, top_k,
-                                                 seed, stop)
+                                                 seed, stop, structured, structured_spec, token_probs)
         except Refused as refusal:
             yield pack(CHAT_OUTPUTS, {"session": session, "notice": _notice("bad", str(refusal))})
             return
@@ -211,7 +233,8 @@ class ChatHandlers:
         session.conversation.system_prompt = system
         yield from self._converse(session, Exchange(user=text), params, message, [])
 
-    def regenerate(self, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, session):
+    def regenerate(self, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured,
+                   structured_spec, token_probs, session):
         """The chat's retry icon: the last reply again, to the same question."""
         session = self.context.session_of(session)
         exchanges = session.conversation.exchanges
@@ -219,10 +242,11 @@ class ChatHandlers:
             yield pack(CHAT_OUTPUTS, {"session": session, "chatbot": render_chat(session.conversation)})
             return
         yield from self._resend(session, len(exchanges) - 1, exchanges[-1].user,
-                                (system_prompt, max_tokens, temperature, top_p, top_k, seed, stop))
+                                (system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured,
+                                 structured_spec, token_probs))
 
-    def edit(self, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, session,
-             edit: gr.EditData):
+    def edit(self, system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured, structured_spec,
+             token_probs, session, edit: gr.EditData):
         """Editing a question in the chat: the conversation from that turn on is replaced by the edited turn."""
         session = self.context.session_of(session)
         index = edit.index if isinstance(edit.index, int) and not isinstance(edit.index, bool) else -1
@@ -231,7 +255,8 @@ class ChatHandlers:
             yield pack(CHAT_OUTPUTS, {"session": session, "chatbot": render_chat(session.conversation)})
             return
         yield from self._resend(session, index // 2, edit.value,
-                                (system_prompt, max_tokens, temperature, top_p, top_k, seed, stop))
+                                (system_prompt, max_tokens, temperature, top_p, top_k, seed, stop, structured,
+                                 structured_spec, token_probs))
 
     def _resend(self, session: Session, index: int, question, controls: tuple) -> Iterator[tuple]:
         try:

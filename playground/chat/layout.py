@@ -15,13 +15,18 @@ from playground.chat.measure import DEFAULT_REPEATS
 from playground.figures import live_charts
 from playground.figures.features import features_html
 from playground.shared.settings import Settings
+from playground.shared.structured_output import CHOICES, OFF
 
 STORAGE_KEY = "inference-playground-conversation"
 SAMPLING = ("system_prompt", "max_tokens", "temperature", "top_p", "top_k", "sample_seed", "stop_strings")
+# what the chat box sends: the sampling (as `/chat` takes it), then structured output and token probabilities
+CHAT_SETTINGS = (*SAMPLING, "structured", "structured_spec", "token_probs")
+SPEC_PLACEHOLDER = 'a JSON schema, e.g. {"type": "object", "properties": {…}}, or a regex, e.g. (yes|no)'
 # element id -> glossary term, for the tooltips
 TOOLTIPS = {"system-prompt": "system_prompt", "max-tokens": "max_tokens", "temperature": "temperature",
             "top-p": "top_p", "top-k": "top_k", "sample-seed": "sample_seed", "stop-strings": "stop_strings",
-            "measure-ppl": "measure_perplexity"}
+            "measure-ppl": "measure_perplexity", "structured": "structured_output",
+            "structured-spec": "structured_spec", "token-probs": "token_probabilities"}
 PRIVATE = {"api_visibility": "private"}
 
 
@@ -44,7 +49,7 @@ def build_chat_column(settings: Settings, ui: dict) -> None:
                                          min_width=70, elem_id="measure-prompt")
     ui["examples"] = gr.Dataset(components=[gr.Textbox(visible=False)], samples=[], label="try asking",
                                 visible=False, elem_id="examples", type="values")
-    with gr.Accordion("Sampling, system prompt, export", open=True, elem_id="sampling-acc"):
+    with gr.Accordion("Sampling, structured output, system prompt, export", open=True, elem_id="sampling-acc"):
         ui["system_prompt"] = gr.Textbox("", label="system prompt", lines=1, max_lines=4, elem_id="system-prompt",
                                          placeholder="optional: how the assistant should behave",
                                          max_length=settings.max_message_chars)
@@ -62,6 +67,14 @@ def build_chat_column(settings: Settings, ui: dict) -> None:
             ui["stop_strings"] = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, max_choices=4,
                                              label="stop strings", info="type one and press Enter (up to 4)",
                                              elem_id="stop-strings")
+        with gr.Row(elem_id="structured-row"):
+            ui["structured"] = gr.Dropdown(list(CHOICES), value=OFF, label="structured output", scale=1,
+                                           min_width=140, elem_id="structured")
+            ui["structured_spec"] = gr.Textbox("", label="schema or regex", lines=1, max_lines=8, scale=3,
+                                               placeholder=SPEC_PLACEHOLDER, elem_id="structured-spec",
+                                               max_length=settings.max_message_chars)
+        ui["token_probs"] = gr.Checkbox(False, label="show token probabilities (hover a token of the reply: its "
+                                        "top 5 alternatives)", elem_id="token-probs")
         with gr.Row(elem_id="chat-tools"):
             ui["clear"] = gr.Button("Clear chat", size="sm", elem_id="clear", min_width=80)
             ui["export_json"] = gr.DownloadButton("Export JSON", size="sm", interactive=False, elem_id="export-json")
@@ -114,7 +127,7 @@ def wire_chat_api(chat: ChatHandlers, ui: dict, session) -> None:
 def wire_chat(chat: ChatHandlers, charts: LiveCharts, ui: dict, session) -> None:
     """The chat's events: send (Enter, Send, an example), the chat box's own icons (retry, edit, undo, trash),
     Stop, Clear, the perplexity button and the page's latency report."""
-    sampling = [ui[name] for name in SAMPLING]
+    sampling = [ui[name] for name in CHAT_SETTINGS]
     chat_kwargs = dict(concurrency_limit=chat.settings.max_concurrent_chats, concurrency_id="chat",
                        show_progress="hidden", **PRIVATE)
     outputs = [ui[name] for name in CHAT_OUTPUTS]

@@ -3,18 +3,20 @@ conversation and column.
 
 Why apart from the comparison: a chat is not measured. It sends to one side at a time (the first side
 alternates per message, as a comparison's rounds do), fits each side's history to that side's engine
-the way the chat tab does, and Stop ends the reply in flight and skips the sides still waiting.
+the way the chat tab does, and Stop ends the reply in flight and skips the sides still waiting. A side with
+structured output gets its reply's validity and mask figures, as the chat tab's replies do.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 
-from engine import EngineConfig
 from playground.compare.request import Side
 from playground.figures.configuration import config_summary
 from playground.figures.replies import reply_figures
+from playground.figures.validity import reply_validity
 from playground.shared.context import PlaygroundContext
 from playground.shared.conversation import Conversation, Exchange, fit_exchange
 from playground.shared.session import Session
@@ -26,23 +28,26 @@ class ChatWithBoth:
     def __init__(self, context: PlaygroundContext):
         self.context = context
 
-    def _reply(self, label: str, config: EngineConfig, conversation: Conversation, exchange: Exchange, params,
+    def _reply(self, side: Side, conversation: Conversation, exchange: Exchange, params,
                session: Session) -> Iterator[None]:
         """Stream one side's reply to the newest exchange of its conversation (yielding as text arrives)."""
-        speculative = config.speculative != "off"
+        config, params = side.config, side.sampling(params)
+        speculative, guided = config.speculative != "off", side.guided is not None
         with self.context.pool.lease(config) as entry:
             engine = entry.engine
             settings = self.context.settings
             fitted = fit_exchange(engine, conversation, len(conversation.exchanges) - 1, params.max_tokens,
                                   settings.max_prompt_tokens, settings.max_conversation_chars)
             exchange.dropped_turns = fitted.dropped_turns
-            exchange.config = f"{label} · {config_summary(config, engine.info)}"
+            exchange.config = f"{side.label} · {config_summary(config, engine.info)}"
+            if guided:
+                engine.check_guided(side.guided)
             stream = engine.stream(fitted.token_ids, params)
             last = 0.0
             try:
                 for delta in stream:
                     exchange.reply += delta.text
-                    exchange.figures = reply_figures(delta.metrics, speculative)
+                    exchange.figures = reply_figures(delta.metrics, speculative, guided)
                     if delta.finished:
                         exchange.finish_reason, exchange.error = delta.finish_reason, delta.error
                     elif session.compare.chat_stop:
@@ -54,6 +59,9 @@ class ChatWithBoth:
                 stream.close()
                 if exchange.finish_reason is None:
                     exchange.finish_reason = "cancelled"
+                if guided:
+                    exchange.validity = asdict(reply_validity(side.guided.kind, side.guided.spec, exchange.reply,
+                                                              exchange.finish_reason))
 
     def send(self, message: str, sides: tuple[Side, ...], params, session: Session) -> Iterator[None]:
         """Send `message` to every side, one side at a time (the first side alternates per message)."""
@@ -72,7 +80,7 @@ class ChatWithBoth:
                     exchange.finish_reason = "cancelled"
                     continue
                 try:
-                    yield from self._reply(side.label, side.config, conversation, exchange, params, session)
+                    yield from self._reply(side, conversation, exchange, params, session)
                 except Exception as error:  # refused, over budget, failed to load: the reply says why
                     exchange.finish_reason, exchange.error = "error", self.context.describe(error)
                 yield

@@ -139,6 +139,10 @@ class Comparisons:
     def run(self, request: CompareRequest, session: Session) -> Iterator[MeasurementJob]:
         """Queue the comparison for the measurement slot and yield its job every POLL_S until it ends (waiting its turn,
         then running; closing this generator cancels it)."""
+        if any(side.guided is not None for side in request.sides):
+            raise Refused("a comparison run cannot time structured output yet: the bench's measurement "
+                          "(engine.measure_engine) sends no grammar. Chat with both (below) sends it to each side, "
+                          "with its mask figures under every reply")
         place = self.context.measurements.take(session)  # refused while this session measures or waits already
         session.compare.job = MeasurementJob(self._work(request), self.context.measurements, place)
         yield from session.compare.job.follow(POLL_S)

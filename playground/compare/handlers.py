@@ -27,9 +27,12 @@ from playground.shared.sampling import parse_sampling
 from playground.shared.session import Session, pack
 
 INPUTS = ("cmp_a_source", "cmp_a_changes", "cmp_b_source", "cmp_b_changes", "cmp_prompts", "cmp_max_tokens",
-          "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed", "cmp_repeats", "cmp_baseline", "cmp_perplexity")
+          "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed", "cmp_repeats", "cmp_baseline", "cmp_perplexity",
+          "cmp_structured", "cmp_structured_spec", "cmp_structured_sides")
 SIDE_INPUTS = ("cmp_a_source", "cmp_a_changes", "cmp_b_source", "cmp_b_changes", "cmp_baseline")
-CHAT_INPUTS = ("cmp_message", *SIDE_INPUTS, "cmp_max_tokens", "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed")
+STRUCTURED_INPUTS = ("cmp_structured", "cmp_structured_spec", "cmp_structured_sides")
+CHAT_INPUTS = ("cmp_message", *SIDE_INPUTS, "cmp_max_tokens", "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed",
+               *STRUCTURED_INPUTS)
 CHART_OUTPUTS = tuple(f"cmp_{spec.name}" for spec in RUN_CHARTS)
 RUN_OUTPUTS = ("cmp_status", "cmp_table", "cmp_outputs", "cmp_run", *CHART_OUTPUTS)
 CHAT_OUTPUTS = ("cmp_chat_a", "cmp_chat_b", "cmp_chat_baseline", "cmp_message", "cmp_notice")
@@ -114,7 +117,8 @@ class CompareHandlers:
         self.comparisons.stop(session)
 
     def api_compare(self, a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k,
-                    seed, repeats, baseline, perplexity, session) -> Iterator[dict]:
+                    seed, repeats, baseline, perplexity, structured, structured_spec, structured_sides,
+                    session) -> Iterator[dict]:
         """`/compare` for API clients: its progress while it waits for the measurement slot and runs
         (`MeasurementJob.progress`: phase, measurements ahead, requests done), then the finished comparison as plain
         data; a refusal raises gr.Error, and a client that goes away stops it.
@@ -124,7 +128,8 @@ class CompareHandlers:
         session = self.context.session_of(session)
         try:
             request = self.parser.parse(a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature,
-                                        top_p, top_k, seed, repeats, baseline, perplexity, session.config.to_dict())
+                                        top_p, top_k, seed, repeats, baseline, perplexity, structured,
+                                        structured_spec, structured_sides, session.config.to_dict())
             for job in self.comparisons.run(request, session):
                 if job.done.is_set():
                     break
@@ -149,7 +154,8 @@ class CompareHandlers:
         *controls, extras, session = values
         session = self.context.session_of(session)
         settings = self.context.settings
-        a_source, a_changes, b_source, b_changes, baseline, max_tokens, temperature, top_p, top_k, seed = controls[:10]
+        (a_source, a_changes, b_source, b_changes, baseline, max_tokens, temperature, top_p, top_k, seed, structured,
+         structured_spec, structured_sides) = controls[:len(CHAT_INPUTS) - 1]
         try:
             if not isinstance(message, str) or not message.strip():
                 raise Refused("type a message first")
@@ -157,8 +163,9 @@ class CompareHandlers:
                 raise Refused(f"the message is over {settings.max_message_chars:,} characters")
             if session.compare.chat_streaming:
                 raise Refused("the previous message is still streaming: wait for it or press Stop")
-            panel = self.parser.panel(controls[10:], extras)
-            sides = self.parser.sides(a_source, a_changes, b_source, b_changes, baseline, panel)
+            panel = self.parser.panel(controls[len(CHAT_INPUTS) - 1:], extras)
+            sides = self.parser.sides(a_source, a_changes, b_source, b_changes, baseline, panel, structured,
+                                      structured_spec, structured_sides)
             params = parse_sampling(settings, max_tokens, temperature, top_p, top_k, seed)
         except Exception as error:  # refused input or configuration: nothing is sent
             yield pack(CHAT_OUTPUTS, {"cmp_notice": notice_html("bad", self.context.describe(error))})

@@ -14,9 +14,10 @@ from __future__ import annotations
 import gradio as gr
 
 from playground.compare.handlers import CHAT_INPUTS, CHAT_OUTPUTS, INPUTS, RUN_OUTPUTS, SIDE_INPUTS, CompareHandlers
-from playground.compare.request import PANEL
+from playground.compare.request import PANEL, STRUCTURED_SIDES
 from playground.figures.run_charts import CHARTS_NOTE, RUN_CHARTS, run_charts_html
 from playground.shared.context import PlaygroundContext
+from playground.shared.structured_output import CHOICES, OFF
 
 DEFAULT_PROMPTS = "What does json.dumps do?\nHow do I use pathlib.Path?"
 DEFAULT_B = "speculative-draft"
@@ -25,7 +26,8 @@ TOOLTIPS = {"cmp-a-source": "compare_side", "cmp-b-source": "compare_side", "cmp
             "cmp-b-changes": "compare_changes", "cmp-prompts": "compare_prompts", "cmp-max-tokens": "max_tokens",
             "cmp-temperature": "temperature", "cmp-top-p": "top_p", "cmp-top-k": "top_k", "cmp-seed": "sample_seed",
             "cmp-repeats": "compare_repeats", "cmp-baseline": "compare_baseline",
-            "cmp-perplexity": "compare_perplexity", "cmp-chat": "chat_both"}
+            "cmp-perplexity": "compare_perplexity", "cmp-chat": "chat_both", "cmp-structured": "structured_output",
+            "cmp-structured-spec": "structured_spec", "cmp-structured-sides": "compare_structured_sides"}
 
 
 def build_compare_tab(context: PlaygroundContext, ui: dict) -> None:
@@ -56,6 +58,13 @@ def build_compare_tab(context: PlaygroundContext, ui: dict) -> None:
         ui["cmp_top_k"] = gr.Number(value=0, label="top_k", precision=0, minimum=0, elem_id="cmp-top-k")
         ui["cmp_seed"] = gr.Number(value=0, label="seed", precision=0, minimum=0, elem_id="cmp-seed")
         ui["cmp_repeats"] = gr.Slider(1, 5, value=1, step=1, label="repeats", elem_id="cmp-repeats")
+    with gr.Row(elem_id="cmp-structured-row"):
+        ui["cmp_structured"] = gr.Dropdown(list(CHOICES), value=OFF, label="structured output", scale=1,
+                                           elem_id="cmp-structured")
+        ui["cmp_structured_spec"] = gr.Textbox("", label="schema or regex", lines=1, max_lines=6, scale=3,
+                                               elem_id="cmp-structured-spec", max_length=settings.max_message_chars)
+        ui["cmp_structured_sides"] = gr.Radio(list(STRUCTURED_SIDES), value=STRUCTURED_SIDES[0], label="for", scale=1,
+                                              elem_id="cmp-structured-sides")
     with gr.Row(elem_id="cmp-actions"):
         ui["cmp_baseline"] = gr.Checkbox(False, label="+ transformers baseline", elem_id="cmp-baseline")
         ui["cmp_perplexity"] = gr.Checkbox(False, label="measure perplexity", elem_id="cmp-perplexity")

@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from engine import EngineConfig, EngineError, SamplingParams, parse_sets
+from engine import EngineConfig, EngineError, GuidedDecoding, SamplingParams, parse_sets
 from playground.shared.configs import default_config, preset_config
 from playground.shared.context import PlaygroundContext
 from playground.shared.errors import Refused
 from playground.shared.sampling import parse_sampling
+from playground.shared.structured_output import parse_structured_output
 from playground.shared.values import parse_int
 
 PANEL = "engine panel"
@@ -24,14 +25,22 @@ BASELINE = "baseline"
 MAX_COMPARE_PROMPTS = 8
 MAX_COMPARE_REPEATS = 5
 MAX_CHANGES_CHARS = 2000
+# which sides get the structured output: B alone (A is the same work without the grammar: its cost is B / A),
+# or A and B (two configurations under the same grammar); the baseline follows A
+STRUCTURED_SIDES = ("B", "A and B")
 
 
 @dataclass(frozen=True)
 class Side:
-    """One column of the comparison: its label and its validated configuration."""
+    """One column of the comparison: its label, its validated configuration and its structured output (if any)."""
 
     label: str
     config: EngineConfig
+    guided: GuidedDecoding | None = None
+
+    def sampling(self, shared: SamplingParams) -> SamplingParams:
+        """What this side's requests sample with: the shared settings, with its own structured output."""
+        return replace(shared, guided=self.guided)
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class CompareRequest:
 
     sides: tuple[Side, ...]
     prompts: tuple[str, ...]
-    sampling: SamplingParams  # max_tokens and every sampling setting, seed always set
+    sampling: SamplingParams  # max_tokens and every sampling setting, seed always set (each side adds its guided)
     repeats: int
     perplexity: bool
 
@@ -102,21 +111,30 @@ class ComparisonParser:
         except EngineError as error:
             raise Refused(self.context.describe(error)) from None
 
-    def sides(self, a_source, a_changes, b_source, b_changes, baseline, panel: dict) -> tuple[Side, ...]:
+    def sides(self, a_source, a_changes, b_source, b_changes, baseline, panel: dict, structured=None,
+              structured_spec="", structured_sides="B") -> tuple[Side, ...]:
+        """The sides asked for, B (or A and B, and the baseline with A) with the structured output asked for."""
         if not isinstance(baseline, bool):
             raise Refused("baseline must be true or false")
-        a = Side("A", self.side_config(a_source, a_changes, panel))
-        sides = [a, Side("B", self.side_config(b_source, b_changes, panel))]
+        if structured_sides not in STRUCTURED_SIDES:
+            raise Refused(f"structured output goes to {' or '.join(STRUCTURED_SIDES)}, not "
+                          f"{str(structured_sides)[:40]!r}")
+        guided = parse_structured_output(structured, structured_spec, self.context.settings.max_message_chars)
+        a_guided = guided if structured_sides == "A and B" else None
+        a = Side("A", self.side_config(a_source, a_changes, panel), a_guided)
+        sides = [a, Side("B", self.side_config(b_source, b_changes, panel), guided)]
         if baseline:
-            sides.append(Side(BASELINE, self.baseline_config(a.config)))
+            sides.append(Side(BASELINE, self.baseline_config(a.config), a_guided))
         return tuple(sides)
 
     def parse(self, a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k, seed,
-              repeats, baseline, perplexity, panel: dict) -> CompareRequest:
+              repeats, baseline, perplexity, structured, structured_spec, structured_sides,
+              panel: dict) -> CompareRequest:
         """The comparison asked for, or Refused naming the first bad value. `panel` is what "engine panel" means:
         the panel's values on the page, the session's active configuration for API clients."""
         settings = self.context.settings
-        sides = self.sides(a_source, a_changes, b_source, b_changes, baseline, panel)
+        sides = self.sides(a_source, a_changes, b_source, b_changes, baseline, panel, structured, structured_spec,
+                           structured_sides)
         params = parse_sampling(settings, max_tokens, temperature, top_p, top_k, seed)
         if not isinstance(perplexity, bool):
             raise Refused("perplexity must be true or false")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import html
 
-from playground.figures.replies import figures_html, spec_acceptance_text
+from playground.figures.replies import figures_html, guided_mask_text, spec_acceptance_text
 from playground.figures.spread import running_spreads
+from playground.figures.token_view import tokens_html
+from playground.figures.validity import Validity, validity_html
 from playground.shared.conversation import Conversation, Exchange
 
 THINKING = '<span class="thinking">waiting for the engine…</span>'
@@ -19,10 +21,17 @@ THINKING = '<span class="thinking">waiting for the engine…</span>'
 
 def render_chat(conversation: Conversation) -> list[dict]:
     """The chat box's messages: two per exchange (user, assistant), so message 2i is exchange i's question; each
-    reply's TTFT and decode speed beside its configuration's running median and range in this conversation."""
+    reply's TTFT and decode speed beside its configuration's running median and range in this conversation; a
+    finished reply sent with token probabilities shows as its tokens, one sent with structured output with its
+    validity."""
     messages = []
     for exchange, spreads in zip(conversation.exchanges, running_spreads(conversation.exchanges), strict=True):
-        body = html.escape(exchange.reply, quote=False) if exchange.reply else ("" if exchange.done else THINKING)
+        if exchange.done and exchange.tokens:
+            body = tokens_html(exchange.tokens)
+        else:
+            body = html.escape(exchange.reply, quote=False) if exchange.reply else ("" if exchange.done else THINKING)
+        if exchange.validity is not None:
+            body += validity_html(Validity(**exchange.validity))
         if exchange.error:
             body += f'\n\n<div class="reply-error">✕ {html.escape(exchange.error, quote=False)}</div>'
         if exchange.figures or exchange.done:
@@ -42,6 +51,8 @@ def conversation_markdown(conversation: Conversation) -> str:
         lines += [f"## Turn {number}", "", f"**User:** {exchange.user}", "", f"**Assistant:** {exchange.reply}", ""]
         if exchange.error:
             lines += [f"**Error:** {exchange.error}", ""]
+        if exchange.validity is not None:
+            lines += [f"**Structured output:** {exchange.validity['text']}", ""]
         lines += [f"> {figures_line(exchange)}", ""]
     return "\n".join(lines)
 
@@ -58,6 +69,8 @@ def figures_line(exchange: Exchange) -> str:
     parts.append(f"output {f.get('output_tokens') or 0} tok")
     if f.get("spec_acceptance") is not None:
         parts.append(f"spec acceptance {spec_acceptance_text(f)}")
+    if "guided_mask_ms" in f:
+        parts.append(f"guided mask {guided_mask_text(f)}")
     parts.append(f"finish {exchange.finish_reason}")
     if exchange.dropped_turns:
         parts.append(f"{exchange.dropped_turns} older turn(s) left out to fit the context")

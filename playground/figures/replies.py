@@ -2,7 +2,9 @@
 
 Definitions follow docs/metrics.md: the engine's TTFT runs from the request's arrival in the engine to
 its first output token; decode throughput is (output tokens - 1) / (E2EL - TTFT), i.e. 1 / TPOT;
-speculative acceptance = accepted / proposed. Two more waits are measured around the engine,
+speculative acceptance = accepted / proposed; guided decoding's mask per token = the reply's measured mask work
+(`guided_mask_s`: computing and applying the grammar's token mask) / output tokens, and its share of TPOT = that
+/ TPOT (what the grammar adds to each token's time). Two more waits are measured around the engine,
 because a person waits longer than the engine's TTFT: `first_text_ms` runs from the server
 receiving the message to its first text leaving the server (history fitting, tokenisation and
 queueing included), and `visible_ttft_ms` from the browser's Enter to the first text on screen
@@ -26,6 +28,10 @@ FIGURE_TITLES = {
     "output": "tokens generated",
     "spec accept": "speculative tokens accepted / proposed for this reply, and the tokens it gained per verification "
                    "step (1 + accepted proposals per step; 1 = speculation gained nothing)",
+    "guided mask": "structured output's cost: the engine's measured time computing and applying the grammar's token "
+                   "mask, per output token, and its share of the reply's TPOT",
+    "grammar compile": "time the engine took to compile this reply's schema or regex into a grammar (0 when it came "
+                       "from the cache; not part of TPOT)",
     "context": "older turns left out so the prompt fits the model's context and the reply's token budget",
 }
 
@@ -38,13 +44,19 @@ def decode_tokens_per_second(metrics: RequestMetrics) -> float | None:
     return (metrics.output_tokens - 1) / (e2el - ttft)
 
 
+def guided_mask_per_token(metrics: RequestMetrics) -> float | None:
+    """Seconds of measured mask work per output token, None before the first token."""
+    return metrics.guided_mask_s / metrics.output_tokens if metrics.output_tokens else None
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-def reply_figures(metrics: RequestMetrics | None, speculative: bool) -> dict:
+def reply_figures(metrics: RequestMetrics | None, speculative: bool, guided: bool = False) -> dict:
     """Per-reply figures from the engine's metrics, as plain numbers (also what the APIs return); a reply
-    that got no token yet (`metrics` None) has empty figures."""
+    that got no token yet (`metrics` None) has empty figures. `guided`: the reply was sent with structured output
+    (its mask figures are added)."""
     if metrics is None:
         metrics = RequestMetrics()
     figures = {
@@ -61,6 +73,12 @@ def reply_figures(metrics: RequestMetrics | None, speculative: bool) -> dict:
         figures["spec_acceptance"] = round(accepted / proposed, 3) if proposed else None
         figures["spec_accepted"], figures["spec_proposed"] = accepted, proposed
         figures["spec_tokens_per_step"] = round(1 + accepted / drafts, 2) if drafts else None
+    if guided:
+        per_token = guided_mask_per_token(metrics)
+        figures["guided_mask_ms"] = None if per_token is None else round(per_token * 1000, 3)
+        figures["guided_mask_share"] = round(per_token / metrics.tpot, 4) if per_token is not None and metrics.tpot \
+            else None
+        figures["guided_compile_ms"] = round(metrics.guided_compile_s * 1000, 1)
     return figures
 
 
@@ -84,6 +102,10 @@ def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns:
     ]
     if "spec_acceptance" in figures:
         chips.append(("spec accept", spec_acceptance_text(figures)))
+    if "guided_mask_ms" in figures:
+        chips.append(("guided mask", guided_mask_text(figures)))
+        if figures.get("guided_compile_ms"):
+            chips.append(("grammar compile", _fmt(figures["guided_compile_ms"], "{:.0f} ms")))
     if dropped_turns:
         chips.append(("context", f"{dropped_turns} older turn{'s' if dropped_turns > 1 else ''} left out"))
     if finish_reason in ("length", "cancelled", "error"):
@@ -103,6 +125,14 @@ def spec_acceptance_text(figures: dict) -> str:
         text += f" ({figures['spec_accepted']}/{figures['spec_proposed']})"
     if figures.get("spec_tokens_per_step") is not None:
         text += f" · {figures['spec_tokens_per_step']:.2f} tok/step"
+    return text
+
+
+def guided_mask_text(figures: dict) -> str:
+    """A reply's mask work per output token and its share of TPOT ("n/a" before any token)."""
+    text = _fmt(figures.get("guided_mask_ms"), "{:.3f} ms/tok")
+    if figures.get("guided_mask_share") is not None:
+        text += f" · {figures['guided_mask_share']:.1%} of TPOT"
     return text
 
 

@@ -119,6 +119,19 @@ TOGGLES = {
                          "repeats the same sampled reply."),
     "stop_strings": Entry("stop strings", "Text that ends a reply where it appears.", "shorter replies; a stop "
                           "string that is too common cuts replies short."),
+    "structured_output": Entry("structured output", "Constrains the reply to a grammar while it is decoded: any JSON "
+                               "object, JSON that validates against a JSON schema, or text that matches a regex. At "
+                               "each step the engine masks every token that would leave the grammar; the line under "
+                               "the reply says whether it is valid (checked again with jsonschema or re.fullmatch).",
+                               "the reply always parses (unless cut by max_tokens); the mask costs time per token "
+                               "(shown beside TPOT), and a first use compiles the grammar."),
+    "structured_spec": Entry("schema or regex", "The JSON schema (as JSON) or the regex the reply must follow; a "
+                             "schema keyword the grammar library cannot enforce is refused, not ignored.", ""),
+    "token_probabilities": Entry("show token probabilities", "Asks the engine for each reply token's probability "
+                                 "and the 5 most likely tokens at its step (log-softmax of the raw logits, before "
+                                 "temperature and any grammar mask), and shows the finished reply as shaded tokens; "
+                                 "hover one for its alternatives.", "a little work per step; the view is kept while "
+                                 "the page is open, not in exports."),
     "compare_side": Entry("A / B configuration", "Where a side of the comparison starts: the engine panel as it "
                           "is now (applied or not) or a preset (with the panel's model); the changes box edits it.",
                           "both sides get the same prompts, seed and sampling, so the difference is the "
@@ -132,6 +145,10 @@ TOGGLES = {
     "compare_repeats": Entry("repeats", "How many times each side runs the prompts; the order alternates (A, B, "
                              "then B, A) and the table shows the median and the spread.", "more repeats average out "
                              "a noisy machine and take longer."),
+    "compare_structured_sides": Entry("structured output for", "Which sides send the structured output: B alone (A "
+                                      "answers the same prompts without the grammar, so B / A is what the grammar "
+                                      "costs), or A and B (two configurations under the same grammar; the baseline "
+                                      "follows A).", ""),
     "compare_baseline": Entry("transformers baseline", "Adds a third column: the same model served by plain "
                               "transformers (backend=hf, defaults otherwise).", "shows what the engine's "
                               "optimizations buy over the reference; one more engine to load."),

@@ -9,9 +9,10 @@ from the browser, so `from_dict` checks it like any other input.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from engine import RequestError
 from playground.shared.errors import Refused
@@ -22,7 +23,7 @@ MAX_REPLY_CHARS = 100_000
 MAX_LABEL_CHARS = 300
 FIGURE_KEYS = ("engine_ttft_ms", "first_text_ms", "decode_tokens_per_s", "tpot_ms", "e2el_ms",
                "prompt_tokens", "cached_tokens", "output_tokens", "spec_acceptance", "spec_accepted",
-               "spec_proposed", "spec_tokens_per_step")
+               "spec_proposed", "spec_tokens_per_step", "guided_mask_ms", "guided_mask_share", "guided_compile_ms")
 
 
 class PromptTooLong(Refused):
@@ -43,6 +44,15 @@ class Exchange:
     # Measured by the page (Enter -> first text on screen). Kept apart from `figures`, which the streaming
     # thread replaces at every delta, so that neither writer can undo the other's update.
     visible_ttft_ms: float | None = None
+    # A reply sent with structured output: whether it is what was asked for ({"valid": bool, "text": the line}).
+    validity: dict | None = None
+    # A reply sent with token probabilities: its tokens (playground/figures/token_view.py). Kept for the page's
+    # life only, not in the browser's copy or the exports (five alternatives per token would crowd both out).
+    tokens: list | None = None
+
+    def saved(self) -> dict:
+        """What the browser's copy and the JSON export keep of this exchange (all but its tokens)."""
+        return {item.name: copy.deepcopy(getattr(self, item.name)) for item in fields(self) if item.name != "tokens"}
 
     @property
     def shown_figures(self) -> dict:
@@ -73,7 +83,7 @@ class Conversation:
 
     def to_dict(self) -> dict:
         return {"format": EXPORT_FORMAT, "system_prompt": self.system_prompt,
-                "exchanges": [asdict(e) for e in self.exchanges if e.done]}
+                "exchanges": [e.saved() for e in self.exchanges if e.done]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
@@ -119,12 +129,19 @@ def _exchange_from_dict(item, max_message_chars: int) -> Exchange:
     if isinstance(dropped, bool) or not isinstance(dropped, int) or not 0 <= dropped <= 10_000:
         raise Refused("dropped_turns must be a small integer")
     error = item.get("error")
+    validity = item.get("validity")
+    if validity is not None and not (isinstance(validity, dict) and isinstance(validity.get("valid"), bool)
+                                     and isinstance(validity.get("text"), str)):
+        raise Refused("validity must be an object with a boolean valid and a text")
     return Exchange(user=_bounded_text(item.get("user"), max_message_chars, "user"),
                     reply=_bounded_text(item.get("reply", ""), MAX_REPLY_CHARS, "reply"),
                     figures=clean, finish_reason=finish,
                     error=None if error is None else _bounded_text(error, MAX_LABEL_CHARS * 4, "error"),
                     config=_bounded_text(item.get("config", ""), MAX_LABEL_CHARS, "config"),
-                    dropped_turns=dropped, visible_ttft_ms=visible)
+                    dropped_turns=dropped, visible_ttft_ms=visible,
+                    validity=None if validity is None else {"valid": validity["valid"],
+                                                            "text": _bounded_text(validity["text"], MAX_LABEL_CHARS,
+                                                                                  "validity")})
 
 
 # ----- prompts ------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ def chat_app(tiny_chat_dir):
 
 def test_measure_asks_the_prompt_again_and_gives_median_and_range(chat_app):
     session = chat_app.context.new_session()
-    notice = chat_app.chat.measure("What does a KV cache store?", "", 6, 0.0, 1.0, 0, "", [], session)
+    notice = chat_app.chat.measure("What does a KV cache store?", "", 6, 0.0, 1.0, 0, "", [], "off", "", False,
+                                   session)
     assert "measured 3× on" in notice, "the server's cap of 3 bounds the default 5"
     ttft = re.search(r"engine TTFT median (\d+) ms, (\d+)–(\d+) ms", notice)
     decode = re.search(r"decode median ([\d.]+) tok/s, ([\d.]+)–([\d.]+) tok/s", notice)
@@ -38,6 +39,6 @@ def test_measure_refuses_more_repeats_than_the_server_allows_and_an_empty_messag
     params = parse_sampling(chat_app.context.settings, 4)
     with pytest.raises(Refused, match="2 to 3 times"):
         measure_prompt(chat_app.context, session, "hi", params, 4)
-    assert "type a message" in chat_app.chat.measure("  ", "", 6, 0.0, 1.0, 0, "", [], session)
+    assert "type a message" in chat_app.chat.measure("  ", "", 6, 0.0, 1.0, 0, "", [], "off", "", False, session)
     assert Settings.from_env(["demo"], env={"SPACE_ID": "me/playground"}).max_measure_repeats == 5, "public: 5"
     assert Settings.from_env(["demo"], env={}).max_measure_repeats == 20

@@ -91,3 +91,18 @@ def test_ttft_chart_labels_each_bar_with_its_configuration_and_prompt():
     shown = live_charts.ttft_html(rows)
     assert "paged/16+prefix" in shown and "prompt 412 tok (380 cached)" in shown
     assert "40 ms engine" in shown and "300 ms to text" in shown
+
+
+def test_a_structured_replys_mask_work_per_token_and_its_share_of_tpot():
+    metrics = RequestMetrics.from_timestamps(arrival=10.0, token_times=[10.2, 10.3, 10.4, 10.5], prompt_tokens=12)
+    metrics.guided_mask_s, metrics.guided_compile_s = 0.008, 0.0125  # 2 ms of mask work per token, TPOT 100 ms
+    figures = reply_figures(metrics, speculative=False, guided=True)
+    assert figures["guided_mask_ms"] == pytest.approx(2.0) and figures["guided_mask_share"] == pytest.approx(0.02)
+    assert figures["guided_compile_ms"] == 12.5
+    chips = figures_html(figures, "stop")
+    assert "guided mask" in chips and "2.000 ms/tok · 2.0% of TPOT" in chips and "12 ms" in chips
+    assert "guided_mask_ms" not in reply_figures(metrics, speculative=False), "no mask chip without structured output"
+    first = reply_figures(RequestMetrics.from_timestamps(10.0, [10.2], 12), speculative=False, guided=True)
+    assert first["guided_mask_share"] is None and "0.000 ms/tok" in figures_html(first) and "of TPOT" not in \
+        figures_html(first), "one token: no TPOT, so no share of it"
+    assert "n/a" in figures_html(reply_figures(None, speculative=False, guided=True))
