@@ -49,6 +49,8 @@ from engine.core.perplexity import (
 from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
 from engine.core.threads import run_on_passing_thread, start_helper_thread
 from engine.errors import ModelLoadError, RequestError
+from engine.guided.decoding import GuidedDecoding
+from engine.guided.grammars import CompiledGrammar, GrammarCompiler
 from engine.hub import eos_token_ids, load_tokenizer
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.plan import EnginePlan, plan_engine
@@ -131,6 +133,8 @@ class Engine:
         self._backend: Backend | None = run_on_passing_thread(lambda: make_backend(plan), "engine-load",
                                                               lambda backend: backend.close())
         self.eos_token_ids = eos_token_ids(plan.path, plan.hf_config, self.tokenizer)
+        self._grammars = (GrammarCompiler(self.tokenizer, plan.vocab_size, self.eos_token_ids)
+                          if self.tokenizer is not None else None)
         self._seeds = torch.Generator().manual_seed(self.config.seed)
         self._history: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
         self._wakeup = threading.Condition()
@@ -221,13 +225,21 @@ class Engine:
             raise RequestError("this model has no tokenizer: send token ids instead of text")
         return self._prompts.text(prompt) if isinstance(prompt, str) else self._prompts.messages(prompt)
 
-    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+    def _make_request(self, prompt: Prompt, params: SamplingParams,
+                      grammar: tuple[CompiledGrammar, bool] | None = None, first: bool = True) -> Request:
+        """A request for one prompt; with a compiled grammar, its own copy of it (the compile is charged to the
+        first request of a call that missed the cache)."""
         ids = self.encode(prompt)
         seed = params.seed
         if seed is None:
             seed = int(torch.randint(2**SEED_BITS, (1,), generator=self._seeds).item())
-        return Request(ids, params, self.eos_token_ids, self.config.max_model_len,
-                       IncrementalDetokenizer(self.tokenizer, ids, params.stop), seed)
+        request = Request(ids, params, self.eos_token_ids, self.config.max_model_len,
+                          IncrementalDetokenizer(self.tokenizer, ids, params.stop), seed)
+        if grammar is not None:
+            compiled, cached = grammar
+            request.grammar = compiled.new_request_grammar()
+            request.guided_compile_s = compiled.compile_seconds if first and not cached else 0.0
+        return request
 
     # ---- public API ----------------------------------------------------------------------------
 
@@ -239,22 +251,32 @@ class Engine:
         if params is not None and not isinstance(params, SamplingParams):
             raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
         params = (params or SamplingParams()).validate()
-        if self.plan.backend != "native" and (params.logprobs is not None or params.guided is not None):
-            raise RequestError("logprobs and guided decoding need the native backend; this model is served through "
-                               "transformers")
-        if params.guided is not None:
-            self.check_guided(params.guided)
+        if self.plan.backend != "native" and params.logprobs is not None:
+            raise RequestError("logprobs need the native backend; this model is served through transformers")
+        grammar = self._compile_guided(params.guided) if params.guided is not None else None
         with self._wakeup:
             if self._closed:
                 raise RequestError("the engine is closed")
-            requests = [self._make_request(prompt, params) for prompt in prompts]
+            requests = [self._make_request(prompt, params, grammar, first=index == 0)
+                        for index, prompt in enumerate(prompts)]
             self._inbox.extend(requests)
             self._wake_loop()
         return [RequestHandle(request, self._cancel_request(request)) for request in requests]
 
-    def check_guided(self, guided) -> None:
-        """Refuse a guided-decoding spec this engine cannot enforce, before the request is admitted."""
-        raise RequestError("guided decoding is not built yet in this engine")
+    def check_guided(self, guided: GuidedDecoding) -> None:
+        """Compile `guided` (cached per spec for this engine's tokenizer) within the compile-time bound, so a caller
+        can refuse a request before admitting it; RequestError naming an unsupported schema keyword, a bad regex or
+        grammar, or a bound. `submit` does the same."""
+        self._compile_guided(guided)
+
+    def _compile_guided(self, guided: GuidedDecoding) -> tuple[CompiledGrammar, bool]:
+        if not isinstance(guided, GuidedDecoding):
+            raise RequestError(f"guided must be a GuidedDecoding, got {type(guided).__name__}")
+        if self.plan.backend != "native":
+            raise RequestError("guided decoding needs the native backend; this model is served through transformers")
+        if self._grammars is None:
+            raise RequestError("guided decoding needs the model's tokenizer; this model folder has none")
+        return self._grammars.compile(guided)
 
     def _cancel_request(self, request: Request):
         def cancel() -> None:

@@ -106,6 +106,7 @@ class StepRecord:
     spec_proposed: int = 0  # speculative tokens verified in this step (counted in num_decode_tokens) and how
     spec_accepted: int = 0  # many were accepted
     propose_duration: float = 0.0  # seconds of `duration` spent proposing (the draft model's forward passes)
+    guided_mask_duration: float = 0.0  # seconds of `duration` computing and applying grammar masks (guided decoding)
     # What the step's attention covered (0 = not recorded: the transformers backend): K/V positions summed over
     # its sequences (cached ones read + new ones written), and (query, key) pairs it scored, causal.
     context_tokens: int = 0

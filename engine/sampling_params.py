@@ -72,6 +72,9 @@ class SamplingParams:
             if not isinstance(self.guided, GuidedDecoding):
                 raise RequestError(f"guided must be a GuidedDecoding or None, got {type(self.guided).__name__}")
             self.guided.validate()
+            if self.ignore_eos:
+                raise RequestError("ignore_eos cannot be combined with guided decoding: the grammar decides where the "
+                                   "output may end")
         if 0 < self.temperature < GREEDY_BELOW_TEMPERATURE:
             return dataclasses.replace(self, temperature=0.0)
         return self

@@ -31,6 +31,7 @@ from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.core.step_timing import StepProfiler
+from engine.guided.masks import MaskResult, apply_grammar_masks
 from engine.info import EngineStats, StepRecord
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
@@ -151,8 +152,10 @@ class NativeBackend:
         try:
             logits = self.executor.execute(plan)
             self.profiler.lap("execute")
+            raw, masked = self._apply_grammars(completing, logits)
+            self.profiler.lap("guided_mask")
             tokens, valid = self._next_tokens(completing, logits)
-            logprobs = self._logprobs(completing, logits, tokens)
+            logprobs = self._logprobs(completing, raw, tokens)
             self.profiler.lap("sample")
         except Exception as error:  # e.g. out of memory: report it on these requests, keep serving
             self._fail([item.request for item in scheduled], error)
@@ -165,11 +168,16 @@ class NativeBackend:
                           num_output_tokens=sum(len(t) for t in tokens), spec_proposed=proposed_tokens,
                           spec_accepted=sum(len(t) - 1 for t in tokens), propose_duration=proposed - started,
                           context_tokens=sum(chunk.end for chunk in plan.chunks),
-                          attention_pairs=sum(chunk.attention_pairs for chunk in plan.chunks)))
+                          attention_pairs=sum(chunk.attention_pairs for chunk in plan.chunks),
+                          guided_mask_duration=masked.seconds if masked else 0.0))
+        failed = masked.failed if masked else {}
         try:
             for item, new_tokens, usable, reported in zip(completing, tokens, valid, logprobs, strict=True):
                 item.request.hold_final = True  # its end is published once its blocks are free (below)
-                self._deliver(item.request, new_tokens, usable, now, reported)
+                if item.request in failed:
+                    item.request.finish("error", failed[item.request])
+                else:
+                    self._deliver(item.request, new_tokens, usable, now, reported)
             # A failed request's K/V may be garbage (NaN scores): never publish its blocks to the prefix cache.
             self.scheduler.complete_step([item for item in scheduled if item.request.finish_reason != "error"])
             for item in scheduled:
@@ -210,6 +218,16 @@ class NativeBackend:
                 [r.params.temperature for r in rows], [r.params.top_k for r in rows], [r.params.top_p for r in rows],
                 [r.seed for r in rows], [len(r.output_token_ids) for r in rows], logits.device))
         return [[token] for token in sampled.tokens.tolist()], sampled.valid.tolist()
+
+    def _apply_grammars(self, completing: list[ScheduledRequest],
+                        logits: torch.Tensor) -> tuple[torch.Tensor, MaskResult | None]:
+        """Mask the guided rows of `logits` in place; returns the raw logits for log-probabilities (a copy made
+        only when a step has both a guided row and a request asking for logprobs) and what masking did."""
+        requests = [item.request for item in completing]
+        if not any(r.grammar is not None for r in requests):
+            return logits, None
+        raw = logits.clone() if any(r.params.logprobs is not None for r in requests) else logits
+        return raw, apply_grammar_masks(completing, logits)
 
     @staticmethod
     def _logprobs(completing: list[ScheduledRequest], logits: torch.Tensor,

@@ -12,12 +12,16 @@ import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.metrics import RequestMetrics
 from engine.core.threads import SIGNAL_CHECK_SECONDS
 from engine.model.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.guided.matcher import RequestGrammar
 
 _request_ids = itertools.count()
 
@@ -58,6 +62,10 @@ class Request:
     for the next step (the scheduler takes them), `draft_num_computed_tokens` how many leading
     tokens the draft model holds K/V for (it trails or leads `num_computed_tokens`), and the
     `spec_*` counters are this request's verified proposals, accepted tokens and verification steps.
+
+    Guided decoding: `grammar` is the request's place in its grammar (advanced by every token it emits; a
+    complete grammar ends the request with "stop"), `guided_mask_s` its share of the measured mask work so far,
+    `guided_compile_s` what compiling its grammar cost (0 from the cache).
     """
 
     prompt_token_ids: list[int]
@@ -77,6 +85,9 @@ class Request:
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_drafts: int = 0
+    grammar: RequestGrammar | None = None
+    guided_mask_s: float = 0.0
+    guided_compile_s: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
@@ -101,22 +112,28 @@ class Request:
     def metrics(self) -> RequestMetrics:
         """Running figures; the inter-token gaps are listed only once the request has finished,
         so streaming a long answer costs O(1) per token rather than O(length)."""
-        return RequestMetrics.from_timestamps(
+        metrics = RequestMetrics.from_timestamps(
             self.arrival_time, self.token_times, len(self.prompt_token_ids), self.num_cached_tokens or 0,
             self.spec_proposed, self.spec_accepted, self.spec_drafts, with_itl=self.finished)
+        metrics.guided_mask_s = self.guided_mask_s
+        metrics.guided_compile_s = self.guided_compile_s
+        return metrics
 
     def append_tokens(self, token_ids: list[int], now: float, logprobs: list[TokenLogprob] | None = None) -> None:
         """Record newly sampled tokens (and their log-probabilities, one each, when asked for), decide whether the
         request is done, and publish a delta.
 
-        Tokens past a stop condition (EOS, stop string, max_tokens, context length) are dropped, with theirs.
+        Tokens past a stop condition (EOS, a complete grammar, stop string, max_tokens, context length) are dropped,
+        with theirs. A token the request's grammar rejects raises `GuidedDecodingError` (the engine fails the request).
         """
         accepted: list[int] = []
         for token in token_ids:
             accepted.append(token)
             self.output_token_ids.append(token)
             self.token_times.append(now)
-            if not self.params.ignore_eos and token in self.eos_token_ids:
+            if self.grammar is not None and self.grammar.advance(token):
+                self.finish_reason = "stop"
+            elif not self.params.ignore_eos and token in self.eos_token_ids:
                 self.finish_reason = "stop"
             elif len(self.output_token_ids) >= self.params.max_tokens or self.num_tokens >= self.max_model_len:
                 self.finish_reason = "length"

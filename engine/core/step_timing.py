@@ -1,6 +1,6 @@
 """Timing of engine steps where their time is spent: named sections inside each step, page faults.
 
-The native backend marks a step's start, its laps (scheduling, model execution, sampling) and its
+The native backend marks a step's start, its laps (scheduling, model execution, grammar masks, sampling) and its
 end; code deep inside the step (attention, KV writes, the LM head) times itself with
 `with section("attention"):`, which finds the step being profiled on this thread (each engine
 steps on its own loop thread) and costs about a microsecond, or nothing when no step is profiled.
@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 HISTORY_STEPS = 4096
 # Sections timed inside a step, in the order a profile lists them.
-SECTIONS = ("schedule", "prepare", "fused_layers", "attention", "kv_write", "kv_gather", "lm_head", "sample", "deliver")
+SECTIONS = ("schedule", "prepare", "fused_layers", "attention", "kv_write", "kv_gather", "lm_head", "guided_mask",
+            "sample", "deliver")
 
 _active = threading.local()
 _NO_SECTION = nullcontext()

@@ -29,6 +29,7 @@ SECTION_LABELS = {
     "kv_write": "KV writes into the pool",
     "kv_gather": "KV gathers into padded copies",
     "lm_head": "LM head",
+    "guided_mask": "grammar masks of guided requests (compute + apply)",
     "sample": "sampling",
     "deliver": "token delivery and bookkeeping",
     "layers": "decoder layers' matmuls, norms, RoPE, activations",

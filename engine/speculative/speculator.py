@@ -64,6 +64,8 @@ class Speculator:
             return
         proposals, probs = self.proposer.propose(running, [self.proposal_length(r) for r in running])
         for request, tokens, distribution in zip(running, proposals, probs, strict=True):
+            if request.grammar is not None:  # cut at the first token the grammar rejects: no row is spent past it
+                tokens = tokens[:request.grammar.valid_prefix(tokens)]
             request.spec_token_ids = tokens
             if tokens:
                 self.proposal_probs[request.request_id] = distribution
