@@ -21,7 +21,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.hf
 
 from engine.errors import RequestError
 from engine.guided.decoding import GuidedDecoding
@@ -123,6 +122,8 @@ class GrammarCompiler:
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the tokenizer, built on first use (tens of milliseconds)."""
         if self._tokenizer is None:
+            import llguidance.hf  # imports transformers: only once guided decoding is used (preloaded by a server)
+
             try:
                 self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size,
                                                                eos_token=self._eos)

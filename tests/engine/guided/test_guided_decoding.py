@@ -58,6 +58,7 @@ def test_every_schema_with_32_concurrent_requests(engine):
     for name, output in zip(names, outputs, strict=True):
         check_valid(name, output.text, output.finish_reason)
     assert engine.stats().peak_running >= CONCURRENT // 2, "the requests were batched together"
+    assert engine.stats().prefix_cache_hit_rate > 0, "their chat template's prefix came from the prefix cache"
     if engine.config.speculative != "off":
         assert engine.stats().spec_num_accepted_tokens > 0, "proposals were verified and accepted under grammars"
 
