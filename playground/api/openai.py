@@ -39,6 +39,8 @@ from playground.api.errors import APIError
 from playground.api.fields import check_fields
 from playground.api.logprobs import chat_logprobs, parse_logprobs, text_logprobs, token_bytes
 from playground.api.models import ModelCatalogue
+from playground.api.structured import Constraint, parse_constraint
+from playground.api.tools import CallStream, Tools, parse_tools, with_tool_turns_as_text, with_tools_shown
 from playground.figures.replies import reply_figures
 from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.configs import default_config, preset_config
@@ -60,6 +62,8 @@ class Call:
     kind: str  # "chat" or "text"
     n: int = 1
     logprobs: int | None = None  # alternatives per token; None: no logprobs
+    constraint: Constraint | None = None  # the grammar the reply must follow
+    tools: Tools | None = None  # chat: the function tools and the tool choice
 
 
 class _Job:
@@ -200,6 +204,17 @@ class OpenAIService:
                                 "in all, this server's limit (PLAYGROUND_MAX_CONVERSATION_CHARS)", param="prompt")
         return prompts
 
+    def _call(self, body: dict, kind: str) -> Call:
+        """What the call asks for beyond prompts and sampling; one grammar at most (a forced tool call's or the
+        reply format's)."""
+        tools = parse_tools(body) if kind == "chat" else None
+        constraint, forced = parse_constraint(body), tools and tools.constraint()
+        if constraint and forced:
+            raise APIError(400, f"a forced tool call and {constraint.field} both constrain the reply; send one",
+                           param="tool_choice")
+        return Call(kind, parse_n(body), parse_logprobs(body, kind, self.settings.max_top_logprobs),
+                    constraint or forced, tools)
+
     def _admit(self, request: Request, body: dict, sequences: int) -> Ticket:
         """A place among the calls in flight, holding the tokens the call's `sequences` (prompts x n) may generate
         (before anything is tokenised: an explicit max_tokens, checked, else the server's cap)."""
@@ -248,7 +263,8 @@ class OpenAIService:
                 raise APIError(400, f"the prompt is {longest} tokens; this server allows "
                                     f"{self.settings.max_prompt_tokens} (PLAYGROUND_MAX_PROMPT_TOKENS)", param=what,
                                code="context_length_exceeded")
-            params = dataclasses.replace(self._sampling(body, ids, max_model_len, kind), logprobs=call.logprobs)
+            params = dataclasses.replace(self._sampling(body, ids, max_model_len, kind), logprobs=call.logprobs,
+                                         guided=self._checked(engine, call.constraint))
             if call.logprobs is not None and engine.tokenizer is None:
                 raise APIError(400, "this model has no tokenizer, so its tokens have no text to report logprobs of",
                                param="logprobs")
@@ -260,6 +276,17 @@ class OpenAIService:
             raise
         job.on_close = lambda: self.admission.leave(ticket)
         return job, {"speculative": speculative}
+
+    def _checked(self, engine, constraint: Constraint | None):
+        """The constraint's GuidedDecoding, compiled (cached, time-bounded) before anything is queued; a 400
+        naming its field when the engine cannot enforce it."""
+        if constraint is None:
+            return None
+        try:
+            engine.check_guided(constraint.guided)
+        except RequestError as error:
+            raise APIError(400, f"{constraint.field}: {self.context.describe(error)}", param=constraint.field) from None
+        return constraint.guided
 
     async def _outputs(self, request: Request, job: _Job) -> list | None:
         """Every request's output; None when the client went away first (its requests are cancelled at once)."""
@@ -284,8 +311,9 @@ class OpenAIService:
         try:
             body = await self._body(request)
             self._check_fields(body, kind)
-            prompts = [self._messages(body.get("messages"))] if kind == "chat" else self._prompts(body.get("prompt"))
-            call = Call(kind, parse_n(body), parse_logprobs(body, kind, self.settings.max_top_logprobs))
+            call = self._call(body, kind)
+            prompts = ([with_tools_shown(self._messages(with_tool_turns_as_text(body.get("messages"))), call.tools)]
+                       if kind == "chat" else self._prompts(body.get("prompt")))
             ticket = self._admit(request, body, len(prompts) * call.n)
         except APIError as error:
             return error.response()
@@ -317,6 +345,13 @@ class OpenAIService:
         to_bytes = token_bytes(job.engine.tokenizer)
         return chat_logprobs(entries, to_bytes) if call.kind == "chat" else text_logprobs(entries, to_bytes, offset)
 
+    @staticmethod
+    def _tool_call(call: Call, text: str, finish_reason: str) -> dict | None:
+        """The reply as a tool call, when the call showed tools and the reply is one (never a reply cut short)."""
+        if call.tools is None or not call.tools.shown or finish_reason == "length":
+            return None
+        return call.tools.call_of(text)
+
     def _complete(self, call: Call, meta: dict, job: _Job, outputs: list, speculative: bool) -> JSONResponse:
         kind = call.kind
         failed = [o for o in outputs if o.finish_reason == "error"]
@@ -326,7 +361,11 @@ class OpenAIService:
         for index, output in enumerate(outputs):
             choice = {"index": index, "finish_reason": FINISH.get(output.finish_reason, "stop"),
                       "logprobs": self._logprobs(call, job, output.logprobs or [])}
-            if kind == "chat":
+            tool_call = self._tool_call(call, output.text, output.finish_reason)
+            if tool_call:
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+                choice["finish_reason"] = "tool_calls"
+            elif kind == "chat":
                 choice["message"] = {"role": "assistant", "content": output.text}
             else:
                 choice["text"] = output.text
@@ -350,11 +389,18 @@ class OpenAIService:
 
         offsets = [0] * len(job.handles)  # characters of each choice's tokens streamed so far (text_offset)
 
-        def chunk(index: int, text: str | None, finish: str | None, first: bool = False, entries=()) -> str:
+        shown = call.tools is not None and call.tools.shown
+        held = [CallStream(call.tools) if shown else None for _ in job.handles]  # text that may yet be a call
+
+        def chunk(index: int, text: str | None, finish: str | None, first: bool = False, entries=(),
+                  tool_call: dict | None = None) -> str:
             logprobs = self._logprobs(call, job, list(entries), offsets[index]) if entries else None
             if logprobs and kind == "text":
                 offsets[index] += sum(len(token) for token in logprobs["tokens"])
-            if kind == "chat":
+            if tool_call:
+                delta = {"tool_calls": [{"index": 0, **tool_call}]}
+                choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+            elif kind == "chat":
                 delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
                 choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             else:
@@ -372,12 +418,21 @@ class OpenAIService:
                     error = {"message": f"the engine failed this request: {delta.error}", "type": "server_error"}
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     return
-                if delta.text or delta.logprobs:
-                    yield chunk(index, delta.text, None, entries=delta.logprobs)
+                text = held[index].feed(delta.text) if held[index] else delta.text
+                if text or delta.logprobs:
+                    yield chunk(index, text, None, entries=delta.logprobs)
                 if delta.finished:
                     finished += 1
                     metrics[index] = delta.metrics
-                    yield chunk(index, None, FINISH.get(delta.finish_reason, "stop"))
+                    finish = FINISH.get(delta.finish_reason, "stop")
+                    if held[index]:
+                        rest, tool_call = held[index].finish(cut=delta.finish_reason == "length")
+                        if rest:
+                            yield chunk(index, rest, None)
+                        if tool_call:
+                            yield chunk(index, None, None, tool_call=tool_call)
+                            finish = "tool_calls"
+                    yield chunk(index, None, finish)
             if include_usage:
                 ordered = [metrics[i] for i in range(len(job.handles))]
                 last = {**meta, "object": chunk_type, "choices": [], "usage": usage(ordered, call.n),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import time
 import urllib.error
@@ -12,10 +13,12 @@ import urllib.request
 from dataclasses import replace
 from types import SimpleNamespace
 
+import jsonschema
 import openai
 import pytest
 
 from engine import SamplingParams
+from playground.api.fields import CHAT, POLICY, REFUSED, TEXT
 from playground.shared.settings import Settings
 from tests.support.ui_helpers import pick_model, start_app
 
@@ -148,6 +151,150 @@ def test_logprobs_are_the_engines_in_both_formats_streamed_or_not(served):
         with pytest.raises(openai.BadRequestError) as refused:
             served.client.chat.completions.create(model=served.model, messages=QUESTION, **extra)
         assert refused.value.body["param"] == field
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "required": ["city", "days"],
+                                                           "properties": {"city": {"type": "string", "maxLength": 12},
+                                                                          "days": {"type": "integer", "minimum": 1,
+                                                                                   "maximum": 7}},
+                                                           "additionalProperties": False}}}
+SCHEMAS = [
+    {"type": "object", "required": ["name", "age"], "additionalProperties": False,
+     "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0,
+                                                                        "maximum": 150}}},
+    {"type": "array", "items": {"enum": ["json", "os", "sys"]}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "required": ["ok", "tags"], "additionalProperties": False,
+     "properties": {"ok": {"type": "boolean"},
+                    "tags": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 5}}}},
+]
+# One value per field of the policy, asking for something (not the neutral value); a field added to the policy
+# without a sample here fails the test below.
+SAMPLES = {
+    "model": {}, "messages": {}, "prompt": {}, "max_tokens": {"max_tokens": 3}, "max_completion_tokens":
+    {"max_completion_tokens": 2}, "temperature": {"temperature": 0.5, "seed": 1}, "top_p": {"top_p": 0.5},
+    "seed": {"seed": 5, "temperature": 1.0}, "stop": {"stop": ["e"]}, "stream": {"stream": True},
+    "stream_options": {"stream": True, "stream_options": {"include_usage": True}}, "n": {"n": 2},
+    "logprobs": {"logprobs": True}, "top_logprobs": {"logprobs": True, "top_logprobs": 2},
+    "response_format": {"response_format": {"type": "json_object"}, "max_tokens": 40},
+    "tools": {"tools": [WEATHER]}, "tool_choice": {"tools": [WEATHER], "tool_choice": "required", "max_tokens": 60},
+    "parallel_tool_calls": {"tools": [WEATHER], "parallel_tool_calls": False}, "top_k": {"top_k": 3},
+    "ignore_eos": {"ignore_eos": True}, "guided_json": {"guided_json": SCHEMAS[1], "max_tokens": 40},
+    "guided_regex": {"guided_regex": "[0-9]{3}"}, "guided_choice": {"guided_choice": ["yes", "no"]},
+    "guided_grammar": {"guided_grammar": 'start: "ab" | "cd"'},
+    "structured_outputs": {"structured_outputs": {"regex": "[a-c]{2}"}},
+    "frequency_penalty": {"frequency_penalty": 0.5}, "presence_penalty": {"presence_penalty": 0.5},
+    "logit_bias": {"logit_bias": {"5": 10}}, "best_of": {"best_of": 2}, "echo": {"echo": True},
+    "suffix": {"suffix": "end"}, "audio": {"audio": {"voice": "alloy", "format": "wav"}},
+    "modalities": {"modalities": ["text", "audio"]}, "functions": {"functions": [WEATHER["function"]]},
+    "function_call": {"function_call": "auto"}, "reasoning_effort": {"reasoning_effort": "low"},
+    "verbosity": {"verbosity": "low"}, "web_search_options": {"web_search_options": {}},
+    "moderation": {"moderation": {"model": "omni-moderation-latest"}}, "service_tier": {"service_tier": "priority"},
+    "prediction": {"prediction": {"type": "content", "content": "x"}}, "min_tokens": {"min_tokens": 2},
+    "min_p": {"min_p": 0.1}, "repetition_penalty": {"repetition_penalty": 1.2}, "user": {"user": "someone"},
+    "safety_identifier": {"safety_identifier": "someone"}, "metadata": {"metadata": {"team": "a"}},
+    "store": {"store": True}, "prompt_cache_key": {"prompt_cache_key": "k"},
+    "prompt_cache_retention": {"prompt_cache_retention": "24h"},
+    "prompt_cache_options": {"prompt_cache_options": {"ttl": "30m"}},
+}
+TEXT_SAMPLES = {"logprobs": {"logprobs": 2}}  # where the completions route takes another value
+# What each honoured field visibly does to the reply (the reply as the client returns it, whole or as chunks).
+HONOURED_EFFECTS = {
+    "max_tokens": lambda r: r.usage.completion_tokens <= 3,
+    "max_completion_tokens": lambda r: r.usage.completion_tokens <= 2,
+    "stop": lambda r: "e" not in text_of(r),
+    "stream": lambda r: isinstance(r, list) and len(r) > 1,
+    "stream_options": lambda r: r[-1].usage is not None and r[-1].usage.completion_tokens > 0,
+    "n": lambda r: [c.index for c in r.choices] == [0, 1],
+    "logprobs": lambda r: r.choices[0].logprobs is not None,
+    "top_logprobs": lambda r: len(r.choices[0].logprobs.content[0].top_logprobs) == 2,
+    "response_format": lambda r: isinstance(json.loads(r.choices[0].message.content), dict),
+    "tool_choice": lambda r: r.choices[0].finish_reason == "tool_calls",
+    "ignore_eos": lambda r: r.usage.completion_tokens == 4,
+    "guided_json": lambda r: isinstance(json.loads(text_of(r)), list),
+    "guided_regex": lambda r: re.fullmatch("[0-9]{3}", text_of(r)) is not None,
+    "guided_choice": lambda r: text_of(r) in ("yes", "no"),
+    "guided_grammar": lambda r: text_of(r) in ("ab", "cd"),
+    "structured_outputs": lambda r: re.fullmatch("[a-c]{2}", text_of(r)) is not None,
+}
+
+
+def text_of(reply) -> str:
+    if isinstance(reply, list):
+        return "".join((c.delta.content or "") if hasattr(c, "delta") else c.text for r in reply for c in r.choices)
+    choice = reply.choices[0]
+    return choice.message.content if hasattr(choice, "message") else choice.text
+
+
+@pytest.mark.parametrize("route", [CHAT, TEXT])
+def test_every_field_is_honoured_refused_by_name_or_documented_as_ignored(served, route):
+    """Every field of the policy, sent through the `openai` client asking for something: an honoured field is
+    served (and does what it says where that shows in one reply), a refused one is a 400 naming it, an ignored one
+    is served; a field the policy does not know is refused."""
+    fields = [f for f in POLICY if route in f.routes]
+    assert {f.name for f in fields} <= set(SAMPLES), "a field of the policy has no sample value in this test"
+    create = served.client.chat.completions.create if route == CHAT else served.client.completions.create
+    base = {"model": served.model, "max_tokens": 4, "temperature": 0}
+    base.update({"messages": QUESTION} if route == CHAT else {"prompt": "def add(a, b):"})
+    failures = []
+    for field in fields:
+        sample = {**SAMPLES[field.name], **(TEXT_SAMPLES.get(field.name, {}) if route == TEXT else {})}
+        stream = sample.pop("stream", False)
+        try:
+            reply = create(**{**base, "stream": stream, "extra_body": sample}) if stream else create(
+                **base, extra_body=sample)
+            reply = list(reply) if stream else reply
+        except openai.BadRequestError as error:
+            if field.policy != REFUSED or error.body.get("param") != field.name:
+                failures.append(f"{field.name} ({field.policy}): 400 {error.body}")
+            continue
+        effect = HONOURED_EFFECTS.get(field.name, lambda _: True)
+        if field.policy == REFUSED or not effect(reply):
+            failures.append(f"{field.name} ({field.policy}): served as {text_of(reply)!r}")
+    assert not failures, "\n".join(failures)
+    with pytest.raises(openai.BadRequestError) as unknown:
+        create(**base, extra_body={"foo_bar": 1})
+    assert unknown.value.body["param"] == "foo_bar"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_replies_validate_and_a_cut_one_is_partial(served, stream):
+    for schema in SCHEMAS:
+        format_ = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
+        reply = served.client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=80,
+                                                      response_format=format_, stream=stream)
+        reply = list(reply) if stream else reply
+        finish = [c.choices[0].finish_reason for c in reply if c.choices][-1] if stream else reply.choices[
+            0].finish_reason
+        assert finish == "stop", (schema, text_of(reply))
+        jsonschema.validate(json.loads(text_of(reply)), schema)
+    cut = served.client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=3,
+                                                response_format={"type": "json_schema", "json_schema": {
+                                                    "name": "r", "schema": SCHEMAS[0]}})
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content.startswith("{")
+    with pytest.raises(openai.BadRequestError, match="uniqueItems") as refused:
+        served.client.chat.completions.create(model=served.model, messages=QUESTION, response_format={
+            "type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "array", "uniqueItems": True}}})
+    assert refused.value.body["param"] == "response_format"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_required_tool_call_has_arguments_that_validate(served, stream):
+    parameters = WEATHER["function"]["parameters"]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        reply = served.client.chat.completions.create(
+            model=served.model, messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+            tools=[WEATHER], tool_choice=choice, max_tokens=80, stream=stream)
+        if stream:
+            chunks = [c.choices[0] for c in reply if c.choices]
+            calls = [call for c in chunks for call in c.delta.tool_calls or []]
+            assert not "".join(c.delta.content or "" for c in chunks), "a call was streamed as content"
+            finish = chunks[-1].finish_reason
+        else:
+            calls, finish = reply.choices[0].message.tool_calls, reply.choices[0].finish_reason
+            assert reply.choices[0].message.content is None
+        assert finish == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_weather"
+        jsonschema.validate(json.loads(calls[0].function.arguments), parameters)
 
 
 def test_completions_take_text_and_token_ids_and_a_preset(served):
