@@ -4,9 +4,12 @@ Why: the official `openai` client, and every tool built on it, can then talk to 
 playground serves, over the same engine pool (a request for a configuration a browser tab uses is
 batched with that tab's chat) and under the same hosting limits: the allow-list, the token,
 message, conversation and stop caps, the memory budget, and the bounds on calls and tokens in
-flight (`admission.py`, 429 beyond them). Everything a request asks for is done as asked or
-refused (`fields.py`): a field this server does not implement (or does not know) is a 400 naming it, and a
-prompt that leaves no room for its `max_tokens` is a 400, as vLLM answers it.
+flight (`admission.py`, 429 beyond them). Everything a request asks for is done as asked, refused, or
+documented as ignored (`fields.py`): a field this server does not implement (or does not know) is a 400
+naming it, and a prompt that leaves no room for its `max_tokens` is a 400, as vLLM answers it. This
+module runs a call; its parts live beside it: which models exist (`models.py`), `n` choices
+(`choices.py`), log-probabilities (`logprobs.py`), structured outputs (`structured.py`) and tools
+(`tools.py`).
 
 A model id is a model name (curated name, hub id or path, as the allow-list permits), optionally
 followed by `@preset` to serve it with an optimization preset, e.g. `demo@no-prefix-cache`.

@@ -482,7 +482,7 @@ def test_requests_are_served_as_asked_or_refused(served):
     reply = client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=3,
                                            extra_body={"max_completion_tokens": None, "ignore_eos": True})
     assert reply.usage.completion_tokens == 3
-    for field, value in (("repetition_penalty", 1.2), ("min_tokens", 5), ("min_p", 0.1), ("guided_json", {}),
+    for field, value in (("repetition_penalty", 1.2), ("min_tokens", 5), ("min_p", 0.1), ("logit_bias", {"1": 2}),
                          ("user", 5)):
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=2,
