@@ -10,6 +10,7 @@ engine's own random seed. Usage counts each prompt once, as OpenAI bills it, and
 from __future__ import annotations
 
 from playground.api.errors import APIError
+from playground.shared.values import shown
 
 MAX_N = 8
 SEED_STRIDE = 0x9E3779B97F4A7C15  # odd, so i * stride differs modulo 2**63 for every choice i
@@ -22,7 +23,7 @@ def parse_n(body: dict) -> int:
     if n is None:
         return 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_N:
-        raise APIError(400, f"n must be an integer from 1 to {MAX_N} on this server, got {str(n)[:40]}", param="n")
+        raise APIError(400, f"n must be an integer from 1 to {MAX_N} on this server, got {shown(n)}", param="n")
     return n
 
 

@@ -6,6 +6,8 @@ Why a module: the request checks, the admission bound and the routes all answer 
 
 from __future__ import annotations
 
+import json
+
 from fastapi.responses import JSONResponse
 
 from playground.shared.errors import Refused
@@ -25,5 +27,13 @@ class APIError(Exception):
         return cls(400, str(refusal), param=refusal.field or param)
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param,
+        return _EscapedJSON({"error": {"message": str(self), "type": self.kind, "param": self.param,
                                        "code": self.code}}, status_code=self.status)
+
+
+class _EscapedJSON(JSONResponse):
+    """JSON with every non-ASCII character escaped, so an error that quotes a lone surrogate a client sent is still
+    sent (FastAPI's own encoding of it as UTF-8 would fail with a 500)."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")

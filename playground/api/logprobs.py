@@ -15,6 +15,7 @@ import re
 import weakref
 
 from playground.api.errors import APIError
+from playground.shared.values import shown
 
 SENTENCEPIECE_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -95,7 +96,7 @@ def parse_logprobs(body: dict, kind: str, cap: int) -> int | None:
 
 def _count(name: str, value, cap: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= cap:
-        raise APIError(400, f"{name} must be an integer from 0 to {cap} on this server, got {str(value)[:40]}",
+        raise APIError(400, f"{name} must be an integer from 0 to {cap} on this server, got {shown(value)}",
                        param=name)
     return value
 

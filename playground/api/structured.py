@@ -43,10 +43,19 @@ def parse_constraint(body: dict) -> Constraint | None:
     if not found:
         return None
     name, guided = found[0]
-    if len(guided.spec) > MAX_SPEC_CHARS:
-        raise APIError(400, f"{name} is {len(guided.spec):,} characters as JSON; this server compiles at most "
-                            f"{MAX_SPEC_CHARS:,}", param=name)
+    check_spec(name, guided.spec)
     return Constraint(name, guided)
+
+
+def check_spec(name: str, spec: str) -> None:
+    """APIError 400 naming `name` for a spec too long to compile here or not valid Unicode (a lone surrogate)."""
+    if len(spec) > MAX_SPEC_CHARS:
+        raise APIError(400, f"{name} is {len(spec):,} characters as JSON; this server compiles at most "
+                            f"{MAX_SPEC_CHARS:,}", param=name)
+    try:
+        spec.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"{name} is not valid Unicode text (it contains a lone surrogate)", param=name) from None
 
 
 def _guided(name: str, value, param: str | None = None) -> GuidedDecoding | None:

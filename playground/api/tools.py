@@ -26,9 +26,8 @@ import uuid
 from dataclasses import dataclass
 
 from engine import GuidedDecoding
-from engine.guided.decoding import MAX_SPEC_CHARS
 from playground.api.errors import APIError
-from playground.api.structured import Constraint
+from playground.api.structured import Constraint, check_spec
 
 MAX_TOOLS = 32
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -57,9 +56,7 @@ class Tools:
         schemas = [_call_schema(name, self.functions[name]["parameters"]) for name in names]
         schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         spec = json.dumps(schema, ensure_ascii=False)
-        if len(spec) > MAX_SPEC_CHARS:
-            raise APIError(400, f"the tools' parameter schemas are {len(spec):,} characters as one JSON schema; this "
-                                f"server compiles at most {MAX_SPEC_CHARS:,}", param="tools")
+        check_spec("tools", spec)
         return Constraint("tools", GuidedDecoding("json_schema", spec))
 
     def system_text(self) -> str:
@@ -108,6 +105,7 @@ def parse_tools(body: dict) -> Tools | None:
         if not isinstance(parameters, dict) or not isinstance(description, str):
             raise APIError(400, f"tool {function['name']}: parameters must be a JSON schema object and description "
                                 "text", param="tools")
+        check_spec("tools", description + json.dumps(parameters, ensure_ascii=False))
         if function["name"] in functions:
             raise APIError(400, f"two tools are named {function['name']}", param="tools")
         functions[function["name"]] = {"description": description, "parameters": parameters or ANY_OBJECT}
