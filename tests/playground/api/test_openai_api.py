@@ -49,6 +49,10 @@ def test_models_lists_the_servable_models(served):
     ids = [m.id for m in served.client.models.list().data]
     assert ids[0] == served.model and len(ids) == len(set(ids))
     assert served.client.models.retrieve(served.model).id == served.model
+    for model in ("no-such-model", "/no/such/folder"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            served.client.models.retrieve(model)
+        assert (missing.value.body["code"], missing.value.body["param"]) == ("model_not_found", "model")
 
 
 def test_chat_completion_matches_the_engine_and_reports_its_usage(served):
