@@ -14,7 +14,7 @@ import re
 
 import jsonschema
 
-from engine import GuidedDecoding
+from engine import MAX_SPEC_CHARS, GuidedDecoding
 from playground.shared.errors import Refused
 
 OFF = "off"
@@ -35,8 +35,13 @@ def parse_structured_output(choice, spec, max_chars: int) -> GuidedDecoding | No
         return GuidedDecoding(kind)
     if not isinstance(spec, str) or not spec.strip():
         raise Refused(f"structured output {choice}: write the {choice} in the box beside it", FIELD)
-    if len(spec) > max_chars:
-        raise Refused(f"the {choice} is {len(spec):,} characters; this server takes at most {max_chars:,}", FIELD)
+    limit = min(max_chars, MAX_SPEC_CHARS)
+    if len(spec) > limit:
+        raise Refused(f"the {choice} is {len(spec):,} characters; this server takes at most {limit:,}", FIELD)
+    try:
+        spec.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused(f"the {choice} is not valid Unicode text (it contains a lone surrogate)", FIELD) from None
     if kind == "json_schema":
         _check_schema(spec)
     else:

@@ -31,6 +31,7 @@ def test_the_setting_becomes_the_engines_guided_decoding():
     ("JSON schema", "   ", "write the JSON schema"),
     ("regex", "(yes|no", "the regex does not compile: missing \\)"),
     ("regex", "x" * 101, "at most 100"),
+    ("regex", "a\ud800", "lone surrogate"),
     ("xml", "", "must be one of off, JSON object, JSON schema, regex"),
 ])
 def test_a_bad_schema_or_regex_is_one_clear_refusal_naming_the_setting(choice, spec, message):
