@@ -11,6 +11,7 @@ never enters the conversation: the message goes back to the text box and the not
 from __future__ import annotations
 
 import html
+import itertools
 import tempfile
 import time
 import uuid
@@ -107,7 +108,8 @@ class ChatHandlers:
         structured output gets its validity, one with token probabilities its tokens, once it has ended.
 
         Raises Refused, with the exchange removed again, if the prompt is refused before anything
-        streams (it does not fit, the model cannot chat, its engine cannot load).
+        streams (it does not fit, the model cannot chat, its engine cannot load, the engine refuses its
+        structured output).
         """
         conversation = session.conversation
         index = conversation.exchanges.index(exchange)
@@ -122,14 +124,16 @@ class ChatHandlers:
                 fitted = fit_exchange(engine, conversation, index, params.max_tokens, self.settings.max_prompt_tokens,
                                       self.settings.max_conversation_chars)
                 exchange.dropped_turns = fitted.dropped_turns
-                if guided:  # a schema or regex the grammar library refuses is refused here, before anything streams
-                    engine.check_guided(params.guided)
                 stream = engine.stream(fitted.token_ids, params)
-                started = True
                 session.activity.request_started(time.perf_counter())
                 last_shown, first_text = 0.0, None
                 try:
-                    for delta in stream:
+                    # The first delta submits the request: what the engine refuses at submission (a schema keyword
+                    # the grammar library cannot enforce) raises here, before the reply has started. (Checking the
+                    # grammar first instead would compile it outside the request, which then reports no compile.)
+                    first = next(stream, None)
+                    started = True
+                    for delta in itertools.chain([first] if first else [], stream):
                         now = time.perf_counter()
                         exchange.reply += delta.text
                         logprobs += delta.logprobs

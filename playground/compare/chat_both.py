@@ -40,8 +40,6 @@ class ChatWithBoth:
                                   settings.max_prompt_tokens, settings.max_conversation_chars)
             exchange.dropped_turns = fitted.dropped_turns
             exchange.config = f"{side.label} · {config_summary(config, engine.info)}"
-            if guided:
-                engine.check_guided(side.guided)
             stream = engine.stream(fitted.token_ids, params)
             last = 0.0
             try:

@@ -40,6 +40,7 @@ def test_a_schema_the_grammar_library_refuses_is_one_notice_and_nothing_is_lost(
     assert reply.reply in ("yes", "no") and reply.finish_reason == "stop", "the engine kept serving"
     assert reply.validity == {"valid": True, "text": "✓ matches the regex"}
     assert reply.figures["guided_mask_ms"] > 0 and "guided mask" in shown["chatbot"][-1]["content"]
+    assert reply.figures["guided_compile_ms"] > 0, "its first use compiled the regex, inside the request"
     assert "".join(token.text for token in reply.tokens) == reply.reply
     assert 'class="token-view"' in shown["chatbot"][-1]["content"]
     assert "tokens" not in session.conversation.to_dict()["exchanges"][0], "the token view stays out of the export"
