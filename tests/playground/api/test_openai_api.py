@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import re
 import socket
@@ -263,9 +264,12 @@ def test_every_field_is_honoured_refused_by_name_or_documented_as_ignored(served
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_schema_replies_validate_and_a_cut_one_is_partial(served, stream):
-    for schema in SCHEMAS:
+    """Each schema's reply finishes "stop" and validates, with speculative decoding off and on (n-gram proposals are
+    checked against the grammar); a reply cut by max_tokens is the partial text with "length"; a keyword the grammar
+    library cannot enforce is refused naming response_format."""
+    for schema, model in itertools.product(SCHEMAS, (served.model, f"{served.model}@speculative-ngram")):
         format_ = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
-        reply = served.client.chat.completions.create(model=served.model, messages=QUESTION, max_tokens=80,
+        reply = served.client.chat.completions.create(model=model, messages=QUESTION, max_tokens=80,
                                                       response_format=format_, stream=stream)
         reply = list(reply) if stream else reply
         finish = [c.choices[0].finish_reason for c in reply if c.choices][-1] if stream else reply.choices[
@@ -299,6 +303,9 @@ def test_a_required_tool_call_has_arguments_that_validate(served, stream):
             assert reply.choices[0].message.content is None
         assert finish == "tool_calls" and len(calls) == 1 and calls[0].function.name == "get_weather"
         jsonschema.validate(json.loads(calls[0].function.arguments), parameters)
+    auto = served.client.chat.completions.create(model=served.model, messages=QUESTION, tools=[WEATHER],
+                                                 max_tokens=12, temperature=0).choices[0]
+    assert auto.message.content and not auto.message.tool_calls, "the demo model answers in text under auto"
 
 
 def test_completions_take_text_and_token_ids_and_a_preset(served):
