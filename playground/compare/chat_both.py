@@ -46,11 +46,11 @@ class ChatWithBoth:
                 for delta in stream:
                     exchange.reply += delta.text
                     exchange.figures = reply_figures(delta.metrics, speculative, guided)
-                    if delta.finished:
+                    if delta.finished:  # shown by the caller once the reply is complete (its validity included)
                         exchange.finish_reason, exchange.error = delta.finish_reason, delta.error
                     elif session.compare.chat_stop:
                         break
-                    if time.perf_counter() - last > 0.05 or delta.finished:
+                    elif time.perf_counter() - last > 0.05:
                         last = time.perf_counter()
                         yield
             finally:

@@ -28,7 +28,7 @@ def parse_structured_output(choice, spec, max_chars: int) -> GuidedDecoding | No
     """None for "off", else the GuidedDecoding the choice and its text ask for; Refused naming the problem."""
     if choice in (None, "", OFF):
         return None
-    if choice not in KINDS:
+    if not isinstance(choice, str) or choice not in KINDS:
         raise Refused(f"structured output must be one of {', '.join(CHOICES)}, not {str(choice)[:40]!r}", FIELD)
     kind = KINDS[choice]
     if kind == "json_object":

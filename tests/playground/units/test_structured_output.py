@@ -33,6 +33,7 @@ def test_the_setting_becomes_the_engines_guided_decoding():
     ("regex", "x" * 101, "at most 100"),
     ("regex", "a\ud800", "lone surrogate"),
     ("xml", "", "must be one of off, JSON object, JSON schema, regex"),
+    (["regex"], "", "must be one of off, JSON object, JSON schema, regex"),  # not text: refused, not a TypeError
 ])
 def test_a_bad_schema_or_regex_is_one_clear_refusal_naming_the_setting(choice, spec, message):
     with pytest.raises(Refused, match=message) as refusal:
