@@ -119,3 +119,18 @@ def test_logprobs_under_a_grammar_are_the_models_own(engine):
     assert len(output.logprobs) == len(output.token_ids)
     assert all(entry.top[0][1] >= entry.logprob for entry in output.logprobs)
     assert any(entry.top[0][0] != entry.token_id for entry in output.logprobs), "some token was forced"
+
+
+def test_tensor_parallel_ranks_give_the_same_guided_tokens_and_logprobs(engine):
+    """The engine's process masks and samples rank 0's logits: two ranks give the one-rank output."""
+    if engine.config.speculative != "off":
+        pytest.skip("one comparison is enough: the masks do not depend on the proposer")
+    params = SamplingParams(max_tokens=MAX_TOKENS, logprobs=3,
+                            guided=GuidedDecoding("json_schema", json.dumps(SCHEMAS["event"])))
+    one = engine.generate(prompt("event"), params)[0]
+    with Engine(EngineConfig(model="demo", tensor_parallel_size=2)) as sharded:
+        two = sharded.generate(prompt("event"), params)[0]
+    check_valid("event", two.text, two.finish_reason)
+    assert two.token_ids == one.token_ids
+    for a, b in zip(one.logprobs, two.logprobs, strict=True):
+        assert abs(a.logprob - b.logprob) < 1e-4 and [t for t, _ in a.top] == [t for t, _ in b.top]
