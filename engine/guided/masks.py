@@ -56,6 +56,12 @@ def apply_grammar_masks(completing: list[ScheduledRequest], logits: torch.Tensor
     failed = _fill(guided, bitmask)
     disallowed = np.unpackbits(bitmask.numpy()[rows].view(np.uint8), axis=1, bitorder="little")[:, :vocab] == 0
     _mask_rows(logits, rows, disallowed)
+    dead_ends = set(np.flatnonzero(disallowed.all(axis=1)).tolist())
+    position = 0
+    for item, _ in guided:  # a grammar no token of this vocabulary can continue: say so, not "unusable scores"
+        if position in dead_ends and item.request not in failed:
+            failed[item.request] = "guided decoding failed: the grammar allows no token of this model's vocabulary here"
+        position += item.num_logits
     seconds = time.perf_counter() - started
     for item, _ in guided:
         item.request.guided_mask_s += seconds * item.num_logits / len(rows)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import MAX_TOP_LOGPROBS, Engine, EngineConfig, RequestError, SamplingParams
+from engine import MAX_TOP_LOGPROBS, Engine, EngineConfig, GuidedDecoding, RequestError, SamplingParams
 from tests.support.spec_support import build_llama, build_truncated_draft
 from tests.support.tiny_models import VOCAB
 
@@ -103,7 +103,9 @@ def test_bad_logprobs_are_refused(value):
         SamplingParams(logprobs=value).validate()
 
 
-def test_the_transformers_backend_refuses_logprobs(tiny_llama_dir):
+def test_the_transformers_backend_refuses_logprobs_and_guided_decoding(tiny_llama_dir):
     with Engine(EngineConfig(model=tiny_llama_dir, backend="hf", dtype="float32")) as engine:
-        with pytest.raises(RequestError, match="native backend"):
-            engine.submit([5, 6, 7], SamplingParams(max_tokens=2, logprobs=1))
+        for params in (SamplingParams(max_tokens=2, logprobs=1),
+                       SamplingParams(max_tokens=2, guided=GuidedDecoding("regex", "a+"))):
+            with pytest.raises(RequestError, match="native backend"):
+                engine.submit([5, 6, 7], params)

@@ -7,6 +7,7 @@ On the demo model's tokenizer; the only engine here is the refusal test's (it ch
 
 from __future__ import annotations
 
+import ctypes
 import json
 
 import pytest
@@ -138,3 +139,20 @@ def test_a_grammar_that_fails_in_a_step_fails_only_its_request(tokenizer, compil
     assert list(result.failed) == [broken] and "library failure" in result.failed[broken]
     allowed = [tokenizer.decode([t]) for t in torch.isfinite(logits[1]).nonzero().squeeze(1).tolist()]
     assert allowed and all("yes".startswith(a) or "no".startswith(a) for a in allowed), allowed
+
+
+def test_a_grammar_no_token_can_continue_fails_its_request_with_that_reason(tokenizer, compiler):
+    stuck, healthy = guided_request(tokenizer, compiler), guided_request(tokenizer, compiler)
+
+    class NothingAllowed:
+        """What llguidance would write for a grammar none of the vocabulary's tokens can continue."""
+
+        def unsafe_compute_mask_ptr(self, pointer, size):
+            ctypes.memset(pointer, 0, size)
+
+        def is_error(self):
+            return False
+
+    stuck.grammar.matcher = NothingAllowed()
+    result = apply_grammar_masks([scheduled(stuck), scheduled(healthy)], torch.zeros(2, len(tokenizer)))
+    assert list(result.failed) == [stuck] and "allows no token" in result.failed[stuck]
