@@ -122,7 +122,7 @@ TOGGLES = {
     "structured_output": Entry("structured output", "Constrains the reply to a grammar while it is decoded: any JSON "
                                "object, JSON that validates against a JSON schema, or text that matches a regex. At "
                                "each step the engine masks every token that would leave the grammar; the line under "
-                               "the reply says whether it is valid (checked again with jsonschema or re.fullmatch).",
+                               "the reply says whether it is valid (checked again: jsonschema, a regex full match).",
                                "the reply always parses (unless cut by max_tokens); the mask costs time per token "
                                "(shown beside TPOT), and a first use compiles the grammar."),
     "structured_spec": Entry("schema or regex", "The JSON schema (as JSON) or the regex the reply must follow; a "

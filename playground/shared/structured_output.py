@@ -10,9 +10,9 @@ and the chat reports that refusal the same way.
 from __future__ import annotations
 
 import json
-import re
 
 import jsonschema
+import regex
 
 from engine import MAX_SPEC_CHARS, GuidedDecoding
 from playground.shared.errors import Refused
@@ -68,6 +68,6 @@ def _check_schema(spec: str) -> None:
 
 def _check_regex(spec: str) -> None:
     try:
-        re.compile(spec)
-    except re.error as error:
+        regex.compile(spec)
+    except regex.error as error:
         raise Refused(f"the regex does not compile: {error}", FIELD) from None

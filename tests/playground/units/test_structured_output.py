@@ -4,11 +4,12 @@ one clear refusal), and the verdict under a reply (parses and validates, or why 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from engine import GuidedDecoding
-from playground.figures.validity import Validity, reply_validity, validity_html
+from playground.figures.validity import REGEX_CHECK_S, Validity, reply_validity, validity_html
 from playground.shared.errors import Refused
 from playground.shared.structured_output import parse_structured_output
 
@@ -58,6 +59,13 @@ def test_a_bad_schema_or_regex_is_one_clear_refusal_naming_the_setting(choice, s
 ])
 def test_the_verdict_under_a_reply(kind, spec, reply, finish, valid, line):
     assert reply_validity(kind, spec, reply, finish) == Validity(valid, line)
+
+
+def test_a_regex_that_backtracks_catastrophically_is_not_checked_past_its_time_bound():
+    started = time.perf_counter()
+    assert reply_validity("regex", r"(a|aa)+b", "a" * 60 + "c", "stop") == Validity(
+        False, f"? not checked: matching the regex took over {REGEX_CHECK_S:g} s")
+    assert time.perf_counter() - started < REGEX_CHECK_S + 2
 
 
 def test_the_verdict_line_is_escaped_and_coloured():
