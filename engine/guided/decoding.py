@@ -30,6 +30,10 @@ class GuidedDecoding:
             raise RequestError(f"guided.spec must be a string, got {type(self.spec).__name__}")
         if len(self.spec) > MAX_SPEC_CHARS:
             raise RequestError(f"guided.spec may have at most {MAX_SPEC_CHARS} characters, got {len(self.spec)}")
+        try:
+            self.spec.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("guided.spec is not valid Unicode text (it contains a lone surrogate)") from None
         if self.kind == "json_object" and self.spec:
             raise RequestError("guided.spec must be empty for kind json_object (use json_schema to give a schema)")
         if self.kind != "json_object" and not self.spec.strip():

@@ -83,10 +83,16 @@ class GrammarCompiler:
         return cached, hit
 
     def _compile(self, guided: GuidedDecoding) -> CompiledGrammar | RequestError:
+        """The compiled grammar, or the refusal to give its caller (whatever the library raised, named)."""
         try:
-            grammar = self._grammar_text(guided)
+            return self._compile_or_raise(guided)
         except RequestError as error:
             return error
+        except Exception as error:  # the library refused the text in a way of its own: the caller's spec
+            return RequestError(_refusal(guided, f"{type(error).__name__}: {error}"))
+
+    def _compile_or_raise(self, guided: GuidedDecoding) -> CompiledGrammar | RequestError:
+        grammar = self._grammar_text(guided)
         tokenizer = self._llg_tokenizer()
         started = time.perf_counter()
         limits = llguidance.LLParserLimits(**PARSER_LIMITS)

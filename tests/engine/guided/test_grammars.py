@@ -65,6 +65,7 @@ REFUSED = {
     "bad grammar": (GuidedDecoding("grammar", "start: missing_rule"), "unknown name"),
     "too long": (GuidedDecoding("regex", "a" * (MAX_SPEC_CHARS + 1)), "at most"),
     "unknown kind": (GuidedDecoding("yaml", "a: 1"), "guided.kind"),
+    "lone surrogate": (GuidedDecoding("regex", "a\ud800"), "lone surrogate"),
     "spec for json_object": (GuidedDecoding("json_object", "{}"), "must be empty"),
 }
 
