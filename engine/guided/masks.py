@@ -3,8 +3,9 @@
 For every completing request that has a grammar, llguidance fills one bitmask row per logits row of that request:
 the row after its last token, then (speculative decoding) one after each proposal, computed by advancing the
 matcher through the proposals and rolling it back (as vLLM does). Proposals were already cut at the first token
-the grammar rejects (`Speculator.propose`), so every verification row is masked by the state its own prefix
-reaches, and the rejection rule then accepts only tokens the grammar allows. Unguided rows are never touched, and
+the grammar rejects (`Speculator.propose`; a sampled draft's rejected token kept once, for exactness), so every
+verification row is masked by the state its own prefix reaches, and the rejection rule then accepts only tokens
+the grammar allows. Unguided rows are never touched, and
 a step without a guided request does no work here at all.
 
 Masks are computed on the engine's loop thread, one request after another: llguidance's parallel executor was
@@ -86,12 +87,14 @@ def _fill(guided: list[tuple[ScheduledRequest, int]], bitmask: torch.Tensor) -> 
 
 def _fill_request(matcher: llguidance.LLMatcher, start: int, proposals: list[int], bitmask: torch.Tensor) -> None:
     """Row `start`: the mask after the request's tokens; row `start + j`: after its first j proposals (the
-    matcher advances through them, then rolls back to where it was). The walk ends where the grammar is complete:
-    the request ends there, and llguidance records no token for an end it then consumes, so rolling back over
-    one would undo a real token."""
+    matcher advances through them, then rolls back to where it was). The walk covers only the proposals the
+    grammar accepts (a sampled draft's first rejected one is verified by the row before it; rows past it are never
+    used) and ends where the grammar is complete: the request ends there, and llguidance records no token for an
+    end it then consumes, so rolling back over one would undo a real token."""
     _fill_row(matcher, bitmask, start)
     consumed = 0
-    for offset, token in enumerate(proposals, start=1):
+    accepted = proposals[:matcher.validate_tokens(proposals)] if proposals else []
+    for offset, token in enumerate(accepted, start=1):
         if matcher.is_stopped() or not matcher.consume_token(token):
             break
         consumed += 1

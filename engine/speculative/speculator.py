@@ -64,11 +64,21 @@ class Speculator:
             return
         proposals, probs = self.proposer.propose(running, [self.proposal_length(r) for r in running])
         for request, tokens, distribution in zip(running, proposals, probs, strict=True):
-            if request.grammar is not None:  # cut at the first token the grammar rejects: no row is spent past it
-                tokens = tokens[:request.grammar.valid_prefix(tokens)]
+            if request.grammar is not None:
+                tokens = tokens[:self._grammar_cut(request, tokens, distribution)]
             request.spec_token_ids = tokens
             if tokens:
                 self.proposal_probs[request.request_id] = distribution
+
+    @staticmethod
+    def _grammar_cut(request: Request, tokens: list[int], distribution: torch.Tensor | None) -> int:
+        """How many proposals a guided request verifies: those before the first token its grammar rejects, no row
+        spent past it. A token drawn from a distribution (a sampled draft) stays, once: the rejection rule refuses
+        it (the masked target gives it 0) and draws from the residual max(0, p - q), which keeps the output
+        distributed exactly as the masked target. Cutting it would draw from p instead, which is exact only for a
+        point-mass proposal (n-gram, greedy draft), whose residual is p itself."""
+        valid = request.grammar.valid_prefix(tokens)
+        return valid + int(distribution is not None and valid < len(tokens))
 
     def verify(self, completing: list[ScheduledRequest], logits: torch.Tensor) -> Verified:
         """Tokens for each completing request from its 1 + k logits rows; counts what was accepted."""

@@ -5,7 +5,9 @@ once per engine; the schema's first compile; a cached look-up), then the same re
 a time (batch 1) and all at once (`--concurrency`, 32 by default). The figure the bar is set on is the mask work
 per decode step (computing the bitmasks + applying them, `StepRecord.guided_mask_duration`) as a share of the
 guided requests' TPOT; the unguided run's TPOT and the process CPU time per output token of both runs are the
-second view (the unguided requests get exactly as many tokens as the guided ones did, with `ignore_eos`).
+second view (the unguided requests get exactly as many tokens as the guided ones did, with `ignore_eos`). With
+speculative decoding (`--set speculative=ngram`) steps that verify proposals count as decode steps, and the
+acceptance rates of both runs are shown.
 
     python -m engine.tools.guided_cost --schema assets/guided/event.json --threads 2
 """
@@ -43,13 +45,15 @@ def run(engine: Engine, count: int, concurrency: int, params: list[SamplingParam
         handles = [engine.submit(messages[i], params[i]) for i in range(start, min(start + concurrency, count))]
         outputs += [handle.result() for handle in handles]
     cpu = time.process_time() - cpu
-    steps = [s for s in engine.step_history(since) if s.num_tokens == s.batch_size]  # decode-only steps
+    steps = [s for s in engine.step_history(since) if s.num_tokens == s.num_decode_tokens]  # decode-only steps
+    proposed = sum(s.spec_proposed for s in steps)
     tokens = sum(len(o.token_ids) for o in outputs)
     return {"outputs": outputs, "tokens": tokens, "finish": sorted({o.finish_reason for o in outputs}),
             "tpot_ms": 1e3 * statistics.mean(o.metrics.tpot for o in outputs if o.metrics.tpot),
             "step_ms": 1e3 * statistics.mean(s.duration for s in steps),
             "mask_ms": 1e3 * statistics.mean(s.guided_mask_duration for s in steps),
-            "mean_batch": statistics.mean(s.batch_size for s in steps), "cpu_ms_per_token": 1e3 * cpu / tokens}
+            "mean_batch": statistics.mean(s.batch_size for s in steps), "cpu_ms_per_token": 1e3 * cpu / tokens,
+            "acceptance": sum(s.spec_accepted for s in steps) / proposed if proposed else None}
 
 
 def measure(engine: Engine, guided: GuidedDecoding, count: int, concurrency: int, temperature: float) -> dict:
@@ -65,7 +69,8 @@ def measure(engine: Engine, guided: GuidedDecoding, count: int, concurrency: int
             "guided_tpot_ms": with_grammar["tpot_ms"], "unguided_tpot_ms": without["tpot_ms"],
             "mask_share_of_tpot": with_grammar["mask_ms"] / with_grammar["tpot_ms"],
             "guided_cpu_ms_per_token": with_grammar["cpu_ms_per_token"],
-            "unguided_cpu_ms_per_token": without["cpu_ms_per_token"]}
+            "unguided_cpu_ms_per_token": without["cpu_ms_per_token"],
+            "guided_acceptance": with_grammar["acceptance"], "unguided_acceptance": without["acceptance"]}
 
 
 def compile_times(engine: Engine, guided: GuidedDecoding) -> dict:
@@ -102,11 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     compile_ms = report["compile"]
     print(f"{report['device']}\ncompile: tokenizer view + trivial regex {compile_ms['tokenizer_and_trivial_ms']:.1f} "
           f"ms, schema {compile_ms['schema_compile_ms']:.1f} ms, cached {compile_ms['cached_ms']:.3f} ms")
-    print("concurrency  decode batch  mask/step ms  guided TPOT ms  share  unguided TPOT ms  CPU ms/token g/u")
+    print("concurrency  decode batch  mask/step ms  guided TPOT ms  share  unguided TPOT ms  CPU ms/token g/u"
+          "  acceptance g/u")
     for r in report["runs"]:
+        acceptance = " / ".join("-" if a is None else f"{a:.2f}" for a in (r["guided_acceptance"],
+                                                                           r["unguided_acceptance"]))
         print(f"{r['concurrency']:>11}  {r['mean_decode_batch']:>12.1f}  {r['mask_ms_per_step']:>12.3f}  "
               f"{r['guided_tpot_ms']:>14.2f}  {100 * r['mask_share_of_tpot']:>4.1f}%  {r['unguided_tpot_ms']:>16.2f}  "
-              f"{r['guided_cpu_ms_per_token']:.2f} / {r['unguided_cpu_ms_per_token']:.2f}")
+              f"{r['guided_cpu_ms_per_token']:.2f} / {r['unguided_cpu_ms_per_token']:.2f}  {acceptance:>14}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     return 0

@@ -127,6 +127,27 @@ def test_proposals_are_cut_at_the_first_token_the_grammar_rejects(tokenizer, com
     assert plain.spec_token_ids == proposal
 
 
+def test_a_sampled_drafts_first_rejected_token_stays_for_the_rejection_rule(tokenizer, compiler):
+    """Drawn from a distribution q, the first token the grammar rejects is kept (once): the rule refuses it and
+    draws from max(0, p - q), as exactness needs; its row is masked by the state before it, and no row after it is
+    walked (the matcher never consumes a rejected token)."""
+    request = guided_request(tokenizer, compiler)
+    valid, rejected = ids(tokenizer, "yes"), ids(tokenizer, "?")
+    proposal = valid + rejected + ids(tokenizer, "!")
+
+    class SampledDraft:
+        def propose(self, requests, lengths):
+            return [list(proposal)], [torch.full((len(proposal), len(tokenizer)), 1.0 / len(tokenizer))]
+
+    request.num_computed_tokens = request.num_tokens - 1
+    Speculator(SampledDraft(), len(proposal), 1024).propose([request])
+    assert request.spec_token_ids == valid + rejected
+    logits = torch.zeros(1 + len(request.spec_token_ids), len(tokenizer))
+    result = apply_grammar_masks([scheduled(request, request.spec_token_ids)], logits)
+    assert not result.failed and request.grammar.error() is None
+    assert not torch.isfinite(logits[len(valid), rejected[0]]), "the rejected token's own row gives it 0"
+
+
 def test_a_grammar_that_fails_in_a_step_fails_only_its_request(tokenizer, compiler):
     broken, healthy = guided_request(tokenizer, compiler), guided_request(tokenizer, compiler)
 
