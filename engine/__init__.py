@@ -15,7 +15,7 @@ from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
 from engine.guided.decoding import GUIDED_KINDS, MAX_SPEC_CHARS, GuidedDecoding
-from engine.hub import ModelEntry, hub_repo, list_models
+from engine.hub import ModelEntry, hub_repo, list_models, resolve_model_path
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
 from engine.model.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
@@ -40,4 +40,4 @@ __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCei
            "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
            "engine_roofline", "estimate_memory", "hub_repo", "import_serving_modules", "list_models", "list_presets",
            "load_preset", "measure_engine", "parse_sets", "plan_engine", "preset_description", "resolve_dataset",
-           "tensor_parallel_reason", "unavailable_reason"]
+           "resolve_model_path", "tensor_parallel_reason", "unavailable_reason"]

@@ -13,8 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from engine.errors import ModelLoadError
-from engine.hub import hub_repo, resolve_model_path
+from engine import ModelLoadError, hub_repo, resolve_model_path
 from playground.api.errors import APIError
 
 HUB_HOST = ("huggingface.co", 443)

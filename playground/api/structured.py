@@ -15,8 +15,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from engine import GuidedDecoding
-from engine.guided.decoding import MAX_SPEC_CHARS
+from engine import MAX_SPEC_CHARS, GuidedDecoding
 from playground.api.errors import APIError
 
 GUIDED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
