@@ -192,19 +192,29 @@ class Engine:
 
     # ---- prompts -------------------------------------------------------------------------------
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: text, token ids, or chat messages rendered with the chat template. Text (a prompt,
-        or inside messages) never becomes a control token: only token ids and the template's own text can
+    @property
+    def renders_tools(self) -> bool:
+        """Whether this model's chat template shows the model function tools itself (`encode(messages, tools)`)."""
+        return self._prompts is not None and self._prompts.renders_tools
+
+    def encode(self, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a prompt: text, token ids, or chat messages rendered with the chat template (with `tools`,
+        OpenAI-style function tools, where the template renders them: see `renders_tools`). Text (a prompt, inside
+        messages, or in the tools) never becomes a control token: only token ids and the template's own text can
         (`engine/prompts.py`).
 
         Raises RequestError for anything else, and for a prompt that leaves no room to generate.
         """
+        is_messages = isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)
+        if tools is not None and not (is_messages and isinstance(tools, list)
+                                      and all(isinstance(tool, dict) for tool in tools)):
+            raise RequestError("tools must be a list of tool objects, and go with chat messages (not with text or "
+                               "token ids)")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in prompt):
             ids = list(prompt)
-        elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt
-                                         and all(isinstance(m, dict) for m in prompt)):
-            ids = self._encode_text_or_messages(prompt)
+        elif isinstance(prompt, str) or is_messages:
+            ids = self._encode_text_or_messages(prompt, tools)
         else:
             raise RequestError("a prompt must be a string, a list of token ids or a list of chat messages "
                                f"(role/content dicts), got {type(prompt).__name__}")
@@ -220,10 +230,10 @@ class Engine:
                                "shorten it (at least one token must fit after it)")
         return ids
 
-    def _encode_text_or_messages(self, prompt: str | list[dict]) -> list[int]:
+    def _encode_text_or_messages(self, prompt: str | list[dict], tools: list[dict] | None) -> list[int]:
         if self._prompts is None:
             raise RequestError("this model has no tokenizer: send token ids instead of text")
-        return self._prompts.text(prompt) if isinstance(prompt, str) else self._prompts.messages(prompt)
+        return self._prompts.text(prompt) if isinstance(prompt, str) else self._prompts.messages(prompt, tools)
 
     def _make_request(self, prompt: Prompt, params: SamplingParams,
                       grammar: tuple[CompiledGrammar, bool] | None = None, first: bool = True) -> Request:

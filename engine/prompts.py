@@ -56,6 +56,14 @@ class PromptEncoder:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template shows the model a tool list (it reads the `tools` variable), in the form the
+        model was trained on."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        templates = template.values() if isinstance(template, dict) else [template or ""]
+        return any(re.search(r"\btools\b", text) for text in templates)
+
     def text(self, text: str) -> list[int]:
         """A plain-text prompt, framed as the tokenizer frames one sequence (e.g. after its BOS)."""
         check_text(text, "the prompt")
@@ -65,14 +73,17 @@ class PromptEncoder:
         ids = _encoded("the prompt cannot be encoded", lambda: encode_marked_chat(self.tokenizer, marked))
         return self._before + ids + self._after
 
-    def messages(self, messages: list[dict]) -> list[int]:
+    def messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Chat messages rendered with the chat template and a generation prompt, the template's control tokens as
-        tokens and the messages' text as text."""
+        tokens and the messages' text (and the tools' names, descriptions and schemas) as text. `tools`, in
+        OpenAI's form ({"type": "function", "function": {...}}), is given to a template that renders tools."""
         check_messages(messages)
         if not self.has_chat_template:
             raise RequestError("this model has no chat template: send plain text instead of messages")
+        if tools is not None and not self.renders_tools:
+            raise RequestError("this model's chat template does not render tools")
         return _encoded("the model's chat template cannot render these messages", lambda: (
-            self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+            self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=True,
                                                sanitize_control_tokens=True, return_dict=False)))
 
 

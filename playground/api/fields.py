@@ -75,7 +75,8 @@ POLICY: tuple[Field, ...] = (
     _honoured("top_logprobs", "0-20 alternatives per token (5 on a public server)", routes=(CHAT,)),
     _honoured("response_format", "`text`, `json_object`, `json_schema` (`strict` or not), enforced by a grammar "
                                  "while decoding", routes=(CHAT,)),
-    _honoured("tools", "function tools, shown to the model in the system message; calls come back as `tool_calls`",
+    _honoured("tools", "function tools, shown by the model's chat template where it renders tools, else in the system "
+              "message; calls come back as `tool_calls`",
               routes=(CHAT,)),
     _honoured("tool_choice", "`none`, `auto`, `required` or a named function; `required` and a named function are "
                              "enforced by a JSON-schema grammar", routes=(CHAT,)),

@@ -43,12 +43,11 @@ from playground.api.fields import check_fields
 from playground.api.logprobs import chat_logprobs, parse_logprobs, text_logprobs, token_bytes
 from playground.api.models import ModelCatalogue
 from playground.api.structured import Constraint, parse_constraint
-from playground.api.tools import CallStream, Tools, parse_tools, with_tool_turns_as_text, with_tools_shown
+from playground.api.tools import CallStream, Tools, encode_chat, parse_tools, with_tool_turns_as_text
 from playground.figures.replies import reply_figures
 from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.configs import default_config, preset_config
 from playground.shared.context import PlaygroundContext
-from playground.shared.conversation import as_prompt
 from playground.shared.errors import Refused
 from playground.shared.sampling import parse_sampling
 from playground.shared.values import parse_int
@@ -253,11 +252,9 @@ class OpenAIService:
         try:
             engine = job.engine
             max_model_len = engine.info.max_model_len
-            if kind == "chat":
-                template = bool(getattr(engine.tokenizer, "chat_template", None))
-                prompts = [as_prompt(template, messages) for messages in prompts]
             try:
-                ids = [engine.encode(p) for p in prompts]
+                ids = [encode_chat(engine, messages, call.tools) if kind == "chat" else engine.encode(messages)
+                       for messages in prompts]
             except RequestError as error:
                 raise APIError(400, self.context.describe(error), param=what,
                                code="context_length_exceeded" if "max_model_len" in str(error) else None) from None
@@ -315,7 +312,7 @@ class OpenAIService:
             body = await self._body(request)
             self._check_fields(body, kind)
             call = self._call(body, kind)
-            prompts = ([with_tools_shown(self._messages(with_tool_turns_as_text(body.get("messages"))), call.tools)]
+            prompts = ([self._messages(with_tool_turns_as_text(body.get("messages")))]
                        if kind == "chat" else self._prompts(body.get("prompt")))
             ticket = self._admit(request, body, len(prompts) * call.n)
         except APIError as error:

@@ -1,9 +1,11 @@
 """Function tools on the chat route: `tools`, `tool_choice`, the tool turns of a conversation, and `tool_calls`.
 
-Why this way: the engine renders messages with the model's chat template, which for the bundled demo model (and
-many small models) knows nothing of tools, and the engine's prompt interface takes no tool list. So the tools are
-rendered here, into the system message, as a short instruction: answer with only a JSON object
-`{"name": ..., "arguments": {...}}` to call one. `tool_choice`:
+Why this way: a model is best shown its tools in the form it was trained on, which is its chat template's, where the
+template renders tools (Qwen2.5 and 3, Llama 3.1 and later, Hermes: `Engine.renders_tools`); the engine gives the
+template the tool list then. The bundled demo model's template (and many small models') knows nothing of tools, so
+for them the tools are rendered here, into the system message, as a short instruction: answer with only a JSON object
+`{"name": ..., "arguments": {...}}` to call one. Either way a reply is a call when it is that object, bare or inside
+the `<tool_call>` ... `</tool_call>` tags the Hermes-style templates ask for. `tool_choice`:
 
 - `none` (the default without tools): the tools are not shown and the reply is text;
 - `required`, or a named function: the reply is constrained while it is decoded by a JSON schema wrapping the
@@ -28,8 +30,10 @@ from dataclasses import dataclass
 from engine import GuidedDecoding
 from playground.api.errors import APIError
 from playground.api.structured import Constraint, check_spec
+from playground.shared.conversation import as_prompt
 
 MAX_TOOLS = 32
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # how Hermes-style templates (Qwen2.5, 3) ask for a call
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ANY_OBJECT = {"type": "object"}
 INSTRUCTION = ("You can call these functions. To call one, answer with only a JSON object "
@@ -59,6 +63,10 @@ class Tools:
         check_spec("tools", spec)
         return Constraint("tools", GuidedDecoding("json_schema", spec))
 
+    def for_template(self) -> list[dict]:
+        """The tools in OpenAI's form, as chat templates take them."""
+        return [{"type": "function", "function": {"name": name, **tool}} for name, tool in self.functions.items()]
+
     def system_text(self) -> str:
         """The instruction and the tool list the model is shown."""
         lines = [f"- {name}: {tool['description']} Parameters (JSON schema): "
@@ -66,7 +74,11 @@ class Tools:
         return INSTRUCTION + "\n".join(lines)
 
     def call_of(self, text: str) -> dict | None:
-        """`text` as a `tool_calls` entry when it is exactly a call of one of the tools (None otherwise)."""
+        """`text` as a `tool_calls` entry when it is exactly a call of one of the tools, bare or in `<tool_call>` tags
+        (None otherwise)."""
+        text = text.strip()
+        if text.startswith(CALL_OPEN) and text.endswith(CALL_CLOSE):
+            text = text[len(CALL_OPEN):-len(CALL_CLOSE)]
         try:
             value = json.loads(text)
         except ValueError:
@@ -148,8 +160,18 @@ def _calls_text(message: dict) -> str:
                             "text)", param="messages") from None
 
 
+def encode_chat(engine, messages: list[dict], tools: Tools | None) -> list[int]:
+    """The conversation's token ids: the tools shown by the model's chat template where it renders them, else in
+    the system message (or in a plain transcript, for a model without a chat template)."""
+    if tools is not None and tools.shown and engine.renders_tools:
+        return engine.encode(messages, tools=tools.for_template())
+    has_template = bool(getattr(engine.tokenizer, "chat_template", None))
+    return engine.encode(as_prompt(has_template, with_tools_shown(messages, tools)))
+
+
 def with_tools_shown(messages: list[dict], tools: Tools | None) -> list[dict]:
-    """`messages` with the tool list added to the system message (a new one first when there is none)."""
+    """`messages` with the tool list added to the system message (a new one first when there is none), for a model
+    whose chat template does not render tools."""
     if tools is None or not tools.shown:
         return messages
     text = tools.system_text()
@@ -171,7 +193,8 @@ class CallStream:
             return text
         self.held += text
         forced = self.tools.choice in ("required", "function")
-        if forced or not self.held.strip() or self.held.lstrip().startswith("{"):
+        head = self.held.lstrip()
+        if forced or not head or head.startswith(("{", CALL_OPEN)) or CALL_OPEN.startswith(head):
             return ""
         self.released, out, self.held = True, self.held, ""
         return out

@@ -1,6 +1,6 @@
 """Small tokenizers in the chat formats of the curated models, built here (no download): ChatML as Qwen2.5 writes it
-(with tool tokens that are added but not special), Llama 3 (header tokens, a BOS added to every sequence) and SmolLM2
-(ChatML with its code-corpus special tokens and its default system prompt).
+(its tool list in the system turn, and tool tokens that are added but not special), Llama 3 (header tokens, a BOS
+added to every sequence) and SmolLM2 (ChatML with its code-corpus special tokens and its default system prompt).
 
 Why: the check that text a user typed never becomes a control token must run on the token sets and templates the
 curated models use, offline. Each tokenizer is a byte-level BPE trained on a few sentences, with the format's special
@@ -15,10 +15,16 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 CHATML_TEMPLATE = (
-    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{% else %}You are a helpful assistant.{% endif %}\n\n# Tools\n\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object within <tool_call></tool_call> tags."
+    "<|im_end|>\n{% elif messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}{% if not (tools and loop.first and message['role'] == 'system') %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "{% if message.tool_calls is defined %}\n<tool_call>\n{{ message.tool_calls | tojson }}\n</tool_call>{% endif %}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
     "{{ message['content'] | trim }}<|eot_id|>{% endfor %}"

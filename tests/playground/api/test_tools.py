@@ -8,7 +8,7 @@ import json
 import pytest
 
 from playground.api.errors import APIError
-from playground.api.tools import CallStream, parse_tools, with_tool_turns_as_text, with_tools_shown
+from playground.api.tools import CallStream, encode_chat, parse_tools, with_tool_turns_as_text, with_tools_shown
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -37,12 +37,38 @@ def test_the_tools_are_shown_in_the_system_message_unless_the_choice_is_none():
     assert with_tools_shown([{"role": "user", "content": "Hi"}], hidden) == [{"role": "user", "content": "Hi"}]
 
 
+class TemplateEngine:
+    """What encode_chat asks of an engine: whether its template renders tools, and the encode it gets."""
+
+    def __init__(self, renders_tools: bool):
+        self.renders_tools, self.tokenizer, self.encoded = renders_tools, type("T", (), {"chat_template": "x"}), []
+
+    def encode(self, prompt, tools=None):
+        self.encoded.append((prompt, tools))
+        return [1]
+
+
+def test_a_template_that_renders_tools_is_given_them_and_others_see_them_in_the_system_message():
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    native, plain = TemplateEngine(True), TemplateEngine(False)
+    for engine in (native, plain):
+        encode_chat(engine, messages, parse_tools({"tools": [WEATHER, TIME]}))
+        encode_chat(engine, messages, parse_tools({"tools": [WEATHER], "tool_choice": "none"}))
+    assert native.encoded[0] == (messages, [WEATHER, {"type": "function", "function": {
+        "name": "get_time", "description": "", "parameters": {"type": "object"}}}])
+    assert plain.encoded[0][1] is None and "get_weather" in plain.encoded[0][0][0]["content"]
+    assert native.encoded[1] == plain.encoded[1] == (messages, None)  # tool_choice none: no tools shown
+
+
 def test_a_reply_is_a_call_only_when_it_is_exactly_one():
     tools = parse_tools({"tools": [WEATHER]})
     call = tools.call_of('{"name": "get_weather", "arguments": {"city": "Oslo"}}')
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"} and call["function"]["name"] == "get_weather"
-    for text in ("It is sunny.", '{"name": "other", "arguments": {}}', '{"name": "get_weather"}', "{"):
+    tagged = tools.call_of('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n')
+    assert tagged["function"] == call["function"]  # as Hermes-style templates (Qwen2.5, 3) ask for calls
+    for text in ("It is sunny.", '{"name": "other", "arguments": {}}', '{"name": "get_weather"}', "{",
+                 '<tool_call>{"name": "get_weather", "arguments": {}}', "<tool_call>It is sunny.</tool_call>"):
         assert tools.call_of(text) is None
 
 
@@ -55,6 +81,11 @@ def test_a_stream_holds_back_what_may_be_a_call_and_releases_text():
     assert call.feed('{"name": "get_weather", ') == "" and call.feed('"arguments": {"city": "Oslo"}}') == ""
     rest, entry = call.finish(cut=False)
     assert rest == "" and entry["function"]["name"] == "get_weather"
+    tagged = CallStream(tools)
+    assert tagged.feed("<tool") == "" and tagged.feed('_call>{"name": "get_weather", "arguments": {}}') == ""
+    assert tagged.feed("</tool_call>") == "" and tagged.finish(cut=False)[1]["function"]["name"] == "get_weather"
+    angled = CallStream(tools)
+    assert angled.feed("<b") == "<b"  # not the start of a call tag: text at once
     cut = CallStream(tools)
     cut.feed('{"name": "get_wea')
     assert cut.finish(cut=True) == ('{"name": "get_wea', None)
