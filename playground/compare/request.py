@@ -25,8 +25,8 @@ BASELINE = "baseline"
 MAX_COMPARE_PROMPTS = 8
 MAX_COMPARE_REPEATS = 5
 MAX_CHANGES_CHARS = 2000
-# which sides get the structured output: B alone (A is the same work without the grammar: its cost is B / A),
-# or A and B (two configurations under the same grammar); the baseline follows A
+# which sides get the structured output: B alone (A answers the same without the grammar, beside it), or A and B
+# (two configurations under the same grammar); the baseline follows A
 STRUCTURED_SIDES = ("B", "A and B")
 
 

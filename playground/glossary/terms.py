@@ -146,9 +146,8 @@ TOGGLES = {
                              "then B, A) and the table shows the median and the spread.", "more repeats average out "
                              "a noisy machine and take longer."),
     "compare_structured_sides": Entry("structured output for", "Which sides send the structured output: B alone (A "
-                                      "answers the same prompts without the grammar, so B / A is what the grammar "
-                                      "costs), or A and B (two configurations under the same grammar; the baseline "
-                                      "follows A).", ""),
+                                      "answers the same messages without the grammar, beside it), or A and B (two "
+                                      "configurations under the same grammar; the baseline follows A).", ""),
     "compare_baseline": Entry("transformers baseline", "Adds a third column: the same model served by plain "
                               "transformers (backend=hf, defaults otherwise).", "shows what the engine's "
                               "optimizations buy over the reference; one more engine to load."),
