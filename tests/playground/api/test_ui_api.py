@@ -27,6 +27,9 @@ from playground.page import PageHandlers
 from playground.shared.settings import Settings
 from tests.support.ui_helpers import ROOT, api_client, free_port, serving
 
+# The chat settings with structured output off and no token probabilities.
+NO_STRUCTURE = ("off", "", False)
+
 pytestmark = pytest.mark.slow
 
 
@@ -201,7 +204,8 @@ def test_closing_the_chat_stream_cancels_the_request(running_app, handlers):
     """What Stop does: Gradio closes the chat generator, which cancels the engine request."""
     app = running_app.app
     session = app.new_session()
-    replies = handlers.chat.send("Tell me a long story.", "", app.settings.max_new_tokens, 0.0, 1.0, 0, "", [], session)
+    replies = handlers.chat.send("Tell me a long story.", "", app.settings.max_new_tokens, 0.0, 1.0, 0, "", [],
+                                 *NO_STRUCTURE, session)
     next(replies)  # the question is shown
     next(replies)  # the first streamed text
     replies.close()
@@ -222,7 +226,7 @@ def test_a_finished_reply_is_shown_by_one_update_the_last(running_app, handlers)
     chatbot = CHAT_OUTPUTS.index("chatbot")
     views = [str(update[chatbot]) for update in handlers.chat.send("Hello, who are you?", "",
                                                                    app.settings.max_new_tokens, 0.0, 1.0, 0, "", [],
-                                                                   session)
+                                                                   *NO_STRUCTURE, session)
              if not isinstance(update[chatbot], type(gr.skip()))]
     finished = [index for index, view in enumerate(views) if 'class="msg-figures"' in view]
     assert finished == [len(views) - 1], f"{len(views)} views, the finished reply in {finished}"
@@ -240,7 +244,7 @@ def test_sessions_with_the_same_configuration_are_batched_together(running_app, 
     def converse(session):
         barrier.wait()
         for _ in handlers.chat.send("Hello, who are you?", "", app.settings.max_new_tokens, 0.0, 1.0, 0, "", [],
-                                    session):
+                                    *NO_STRUCTURE, session):
             pass
 
     threads = [threading.Thread(target=converse, args=(s,)) for s in sessions]
@@ -284,11 +288,13 @@ def test_no_handler_raises_on_hostile_input(running_app, handlers):
         for field_name in ("quantization", "gqa", "tensor_parallel_size", "backend"):
             assert "info" in panel.choice_help(field_name)(value)
         exhaust(chat.record_visible_latency(value, session))
-        exhaust(chat.send(value, value, 4, 0.0, 1.0, 0, "", [], session))
-        exhaust(chat.send("hi", "", value, value, value, value, value, value, session))
-        exhaust(chat.regenerate(value, value, value, value, value, value, value, session))
+        exhaust(chat.send(value, value, 4, 0.0, 1.0, 0, "", [], *NO_STRUCTURE, session))
+        exhaust(chat.send("hi", "", value, value, value, value, value, value, *NO_STRUCTURE, session))
+        exhaust(chat.send("hi", "", 4, 0.0, 1.0, 0, "", [], value, value, value, session))
+        exhaust(chat.regenerate(value, value, value, value, value, value, value, value, value, value, session))
         edit = gr.EditData(None, {"index": value, "value": value, "previous_value": value})
-        exhaust(chat.edit("", 4, 0.0, 1.0, 0, "", [], session, edit))
+        exhaust(chat.edit("", 4, 0.0, 1.0, 0, "", [], *NO_STRUCTURE, session, edit))
+        exhaust(chat.edit("", 4, 0.0, 1.0, 0, "", [], value, value, value, session, edit))
         exhaust(chat.undo(value))
         exhaust(chat.clear(value))
         exhaust(chat.example(value))

@@ -133,7 +133,7 @@ def test_stop_ends_a_comparison_cleanly_with_the_runs_that_finished(running_app)
     session = app.new_session()
     prompts = "\n".join(f"Tell me about module number {n}." for n in range(8))
     request = compare.parser.parse("engine panel", "", "static", "", prompts, 256, 0.0, 1.0, 0, 0, 3, True, False,
-                                   session.config.to_dict())
+                                   "off", "", "B", session.config.to_dict())
     jobs = compare.comparisons.run(request, session)
     job = next(jobs)
     while job.phase != "running" or job.requests_done < 1:

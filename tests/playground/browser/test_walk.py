@@ -145,6 +145,8 @@ def test_every_choice_the_host_offers_applies_cleanly(walked):
     page, console = walked
     pick(page, "#preset", "continuous")
     wait_applied(page)
+    # The first choice is clicked only once the preset's value is in the form, so that no late update undoes it.
+    page.wait_for_selector('#ctl-quantization input[value="none"]:checked', state="attached", timeout=30_000)
     labels = {}
     for value in usable_choices("quantization")[1:]:
         page.locator(f'#ctl-quantization input[value="{value}"]').click()
