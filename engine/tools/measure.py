@@ -20,6 +20,7 @@ import torch
 
 from engine.core.metrics import describe_device, summarize
 from engine.core.request import RequestOutput
+from engine.guided.decoding import GuidedDecoding
 from engine.hub import PROJECT_ROOT
 from engine.info import EngineStats
 from engine.sampling_params import SamplingParams
@@ -31,14 +32,15 @@ CANCEL_POLL_S = 0.05
 
 
 def _sampling(request: BenchRequest, index: int, temperature: float, ignore_eos: bool, seed: int, top_p: float,
-              top_k: int) -> SamplingParams:
+              top_k: int, guided: GuidedDecoding | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=request.max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                          ignore_eos=ignore_eos, seed=seed + index if temperature > 0 else None)
+                          ignore_eos=ignore_eos, seed=seed + index if temperature > 0 else None, guided=guided)
 
 
 def send(engine, requests: list[BenchRequest], concurrency: int, temperature: float, ignore_eos: bool, seed: int,
          *, top_p: float = 1.0, top_k: int = 0, cancel: threading.Event | None = None,
-         on_output: Callable[[int, RequestOutput], None] | None = None) -> tuple[list, float]:
+         on_output: Callable[[int, RequestOutput], None] | None = None,
+         guided: GuidedDecoding | None = None) -> tuple[list, float]:
     """Submit every request (at most `concurrency` in flight, each not before its arrival offset).
 
     Request i samples with seed `seed + i` when the temperature is above 0, so two configurations given
@@ -60,7 +62,7 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
         delay = start + request.arrival - time.perf_counter()
         if (delay > 0 and stop.wait(delay)) or stop.is_set():
             return
-        params = _sampling(request, index, temperature, ignore_eos, seed, top_p, top_k)
+        params = _sampling(request, index, temperature, ignore_eos, seed, top_p, top_k, guided)
         sent = time.perf_counter()
         handle = engine.submit(request.prompt, params)
         with lock:
@@ -131,7 +133,8 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
                    warmup: bool = True, perplexity: bool = False, profile: bool = False, *,
                    requests: list[BenchRequest] | None = None, top_p: float = 1.0, top_k: int = 0,
                    goodput_slos: dict[str, float] | None = None, cancel: threading.Event | None = None,
-                   on_output: Callable[[int, RequestOutput], None] | None = None, roofline: bool = False) -> dict:
+                   on_output: Callable[[int, RequestOutput], None] | None = None, roofline: bool = False,
+                   guided: GuidedDecoding | None = None) -> dict:
     """Warm `engine` up, run the workload on it, and return metrics, engine figures and its config.
 
     The requests are `build_workload(spec)` unless given. With `perplexity`, the held-out perplexity of
@@ -139,7 +142,8 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
     against their matmul floor (`Engine.decode_profile`). `goodput_slos` (ms per metric) adds vLLM's
     `request_goodput`. A cancelled run (`cancel` set) summarizes the requests that finished before it;
     `cancelled_requests` counts the others. With `roofline`, the run's prefill and decode steps are placed
-    against the device's ceilings (`engine.tools.roofline.roofline_figures`).
+    against the device's ceilings (`engine.tools.roofline.roofline_figures`). With `guided`, every request of the
+    workload (not the warm-up) decodes under that structured-output grammar.
     """
     vocab = engine.info.vocab_size
     if warmup:
@@ -149,7 +153,7 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
     requests = build_workload(spec, vocab) if requests is None else requests
     started, cpu_started = time.perf_counter(), time.process_time()
     outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed, top_p=top_p,
-                             top_k=top_k, cancel=cancel, on_output=on_output)
+                             top_k=top_k, cancel=cancel, on_output=on_output, guided=guided)
     cpu_seconds = time.process_time() - cpu_started
     decode_profile = engine.decode_profile(since=started) if profile else None
     placed = roofline_figures(engine, started) if roofline else {}

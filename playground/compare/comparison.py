@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 
-from engine import BenchRequest
+from engine import BenchRequest, RequestOutput
 from playground.compare.request import CompareRequest
 from playground.figures.configuration import config_summary
 from playground.figures.run_charts import Timeline
@@ -37,6 +37,8 @@ FIGURES = (
     ("prefix_cache_hit_rate", "prefix-cache hit rate", "higher"),
     ("spec_acceptance_rate", "speculative acceptance", "higher"),
     ("perplexity", "perplexity (held-out text)", "lower"),
+    ("guided_mask_ms", "guided mask per token (ms)", "lower"),
+    ("guided_mask_share", "guided mask, share of TPOT", "lower"),
 )
 FIGURE_KEYS = tuple(key for key, _, _ in FIGURES)
 # the sampling settings a comparison reports (both sides used them)
@@ -71,6 +73,17 @@ def summarize_rounds(rounds: list[dict[str, MeasuredRun]], labels: list[str]) ->
         round_ratios[label] = {key: [_ratio(_number(r[label].result.get(key)), _number(r[labels[0]].result.get(key)))
                                      for r in rounds if label in r and labels[0] in r] for key in FIGURE_KEYS}
     return {"sides": sides, "ratios": ratios, "round_ratios": round_ratios}
+
+
+def guided_figures(outputs: list[RequestOutput | None]) -> dict:
+    """A structured run's measured mask work per output token (ms, over its finished requests) and its share of
+    their mean TPOT (the chat's reply chips, for a whole run)."""
+    finished = [o for o in outputs if o is not None and o.finish_reason != "cancelled"]
+    tokens = sum(o.metrics.output_tokens for o in finished)
+    per_token = sum(o.metrics.guided_mask_s for o in finished) / tokens if tokens else None
+    tpots = [o.metrics.tpot for o in finished if o.metrics.tpot]
+    share = per_token / statistics.mean(tpots) if per_token is not None and tpots else None
+    return {"guided_mask_ms": None if per_token is None else 1000 * per_token, "guided_mask_share": share}
 
 
 def token_differences(base: list[str], other: list[str]) -> dict:
@@ -122,9 +135,12 @@ class Comparisons:
                 for side in order:
                     if job.cancel.is_set():
                         break
-                    runs[side.label] = job.measure(self.context.pool, side.label, side.config, build,
-                                                   request.sampling, perplexity=request.perplexity and number == 0,
-                                                   pieces=number == 0)
+                    run = job.measure(self.context.pool, side.label, side.config, build,
+                                      side.sampling(request.sampling), perplexity=request.perplexity and number == 0,
+                                      pieces=number == 0)
+                    if side.guided is not None:
+                        run.result.update(guided_figures(run.outputs))
+                    runs[side.label] = run
                 if runs:
                     rounds.append(runs)
                 if job.cancel.is_set():
@@ -139,10 +155,6 @@ class Comparisons:
     def run(self, request: CompareRequest, session: Session) -> Iterator[MeasurementJob]:
         """Queue the comparison for the measurement slot and yield its job every POLL_S until it ends (waiting its turn,
         then running; closing this generator cancels it)."""
-        if any(side.guided is not None for side in request.sides):
-            raise Refused("a comparison run cannot time structured output yet: the bench's measurement "
-                          "(engine.measure_engine) sends no grammar. Chat with both (below) sends it to each side, "
-                          "with its mask figures under every reply")
         place = self.context.measurements.take(session)  # refused while this session measures or waits already
         session.compare.job = MeasurementJob(self._work(request), self.context.measurements, place)
         yield from session.compare.job.follow(POLL_S)
@@ -163,6 +175,7 @@ class Comparisons:
             run = first[side.label]
             outcome["sides"][side.label].update({
                 "config": run.result["config"], "summary": config_summary(run.config, run.info),
+                "guided": side.guided.kind if side.guided is not None else None,
                 "perplexity_reference": getattr(self.context.references.cached(run.config.model), "perplexity",
                                                 None),
                 "outputs": [o.text if o else "" for o in run.outputs],

@@ -113,7 +113,8 @@ class ComparisonParser:
 
     def sides(self, a_source, a_changes, b_source, b_changes, baseline, panel: dict, structured=None,
               structured_spec="", structured_sides="B") -> tuple[Side, ...]:
-        """The sides asked for, B (or A and B, and the baseline with A) with the structured output asked for."""
+        """The sides asked for, B (or A and B) with the structured output asked for; the baseline, which has no
+        grammar, goes with an A that has none."""
         if not isinstance(baseline, bool):
             raise Refused("baseline must be true or false")
         if structured_sides not in STRUCTURED_SIDES:
@@ -121,6 +122,9 @@ class ComparisonParser:
                           f"{str(structured_sides)[:40]!r}")
         guided = parse_structured_output(structured, structured_spec, self.context.settings.max_message_chars)
         a_guided = guided if structured_sides == "A and B" else None
+        if baseline and a_guided is not None:
+            raise Refused("the transformers baseline cannot decode under a grammar: send structured output to B "
+                          "alone, or leave the baseline out")
         a = Side("A", self.side_config(a_source, a_changes, panel), a_guided)
         sides = [a, Side("B", self.side_config(b_source, b_changes, panel), guided)]
         if baseline:

@@ -27,9 +27,11 @@ def format_figure(key: str, value) -> str:
         return "n/a"
     if key.endswith("_bytes"):
         return format_bytes(value)
+    if key == "guided_mask_ms":
+        return f"{value:.3f} ms"
     if key.endswith("_ms"):
         return f"{value:,.1f} ms"
-    if key.endswith("_rate"):
+    if key.endswith("_rate") or key.endswith("_share"):
         return f"{value:.1%}"
     if key == "perplexity":
         return f"{value:.2f}"
@@ -76,7 +78,7 @@ def ratio_html(ratio: float | None, better: str | None, noise: str | None = None
 def is_timing(key: str) -> bool:
     """Figures that move with the machine's load from one run to the next (times and rates of tokens or requests);
     the others (bytes, perplexity, hit and acceptance rates) repeat exactly."""
-    return key.endswith("_ms") or key.endswith("_throughput") or key.startswith("request_")
+    return key.endswith("_ms") or key.endswith("_throughput") or key.startswith("request_") or key.endswith("_share")
 
 
 def noise_reason(key: str, base: list | None, other: list | None, rounds: int) -> str | None:
@@ -122,6 +124,11 @@ def notice_html(kind: str, text: str) -> str:
 # ----- Compare -------------------------------------------------------------------------------------
 
 
+def _side_applies(key: str, side: dict) -> bool:
+    """`applies` for a side of a comparison; its guided-mask figures also need the side to send structured output."""
+    return applies(key, side["config"]) and (not key.startswith("guided_") or side.get("guided") is not None)
+
+
 def compare_table_html(outcome: dict, figures: tuple) -> str:
     """Rows: figures; columns: each side's median (spread over the repeats when repeated) and its ratio to A."""
     labels = outcome["labels"]
@@ -131,7 +138,7 @@ def compare_table_html(outcome: dict, figures: tuple) -> str:
     rows = []
     for key, text, better in figures:
         cells = []
-        base_applies = applies(key, sides["A"]["config"])
+        base_applies = _side_applies(key, sides["A"])
         for label in labels:
             value, spread = sides[label]["figures"][key], sides[label]["spread"][key]
             shown = format_figure(key, value)
@@ -141,7 +148,7 @@ def compare_table_html(outcome: dict, figures: tuple) -> str:
             reference = sides[label].get("perplexity_reference")
             if key == "perplexity" and value is not None and reference:
                 shown += f'<div class="spread">float32 reference {reference:.2f} ({value / reference:.2f}x)</div>'
-            side_applies = applies(key, sides[label]["config"])
+            side_applies = _side_applies(key, sides[label])
             cells.append(f'<td data-side="{html.escape(label)}" data-key="{key}">'
                          f'{shown if side_applies else NOT_APPLICABLE}</td>')
             if label != "A":

@@ -237,6 +237,11 @@ FIGURES = {
                       "intensity x bandwidth: memory-bound; above it, the peak: compute-bound.", ""),
     "fraction_of_ceiling": Entry("fraction of its ceiling", "Achieved FLOP/s over what the roofline allows at the "
                                  "phase's intensity (for a memory-bound phase: bytes/s over the bandwidth).", ""),
+    "guided_mask_ms": Entry("guided mask per token", "Structured output's cost in a run: the engine's measured time "
+                            "computing and applying the grammar's token masks, summed over the run's finished "
+                            "requests, per output token (– for a side without structured output).", ""),
+    "guided_mask_share": Entry("guided mask, share of TPOT", "The mask work per output token over the run's mean "
+                               "TPOT: the part of each token's time the grammar costs.", ""),
     "spec_tokens_per_step": Entry("tokens per verification step", "Tokens a speculative step produced per sequence: "
                                   "its accepted proposals plus the target's own token (1 = speculation gained "
                                   "nothing).", ""),

@@ -160,7 +160,8 @@ class MeasurementJob:
                 perplexity: bool = False, goodput_slos: dict | None = None, pieces: bool = False) -> MeasuredRun:
         """Lease `config`'s engine (loading it if needed), measure `build_requests(engine)` on it, release it.
 
-        `sampling` holds what every request samples with (its temperature, top-p, top-k, `ignore_eos`; request i
+        `sampling` holds what every request samples with (its temperature, top-p, top-k, `ignore_eos`, structured
+        output; request i
         uses seed + i, so its seed must be set; each request's own token budget replaces `max_tokens`). With
         `pieces`, each output is also split into the text of its tokens (for marking differences).
         """
@@ -184,7 +185,8 @@ class MeasurementJob:
             result = measure_engine(engine, spec, concurrency or len(requests), sampling.temperature,
                                     sampling.ignore_eos, warmup, perplexity, requests=requests, top_p=sampling.top_p,
                                     top_k=sampling.top_k, goodput_slos=goodput_slos, cancel=self.cancel,
-                                    on_output=keep, roofline=True)  # the report has the bench CLI's keys
+                                    on_output=keep, roofline=True,  # the report has the bench CLI's keys
+                                    guided=sampling.guided)
             # the measured window: from the first request sent (after the warm-up) to the last one done
             first_sent = last_done[0] - result["duration"]
             steps = [s for s in self.live_steps() if first_sent <= s.time <= last_done[0]]

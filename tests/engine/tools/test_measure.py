@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine import BenchRequest, Engine, EngineConfig, WorkloadSpec, bench_report, measure_engine
+from engine import BenchRequest, Engine, EngineConfig, GuidedDecoding, WorkloadSpec, bench_report, measure_engine
 from engine.tools.measure import send
 from tests.support.engine_waits import wait_for_steps, wait_until_idle
 
@@ -93,3 +93,17 @@ def test_peak_running_and_preemptions_cover_the_measured_run_only(engine):
     assert wide["peak_running"] == 2 and narrow["peak_running"] == 1
     assert engine.stats().peak_running == 2 and narrow["num_preemptions"] == 0
 
+
+
+def test_a_measurement_decodes_every_request_under_the_grammar_it_is_given():
+    """What Compare's timed run of a structured side relies on: each request of the workload carries the grammar,
+    and its mask work is measured."""
+    with Engine(EngineConfig(model="demo")) as demo:
+        requests = [BenchRequest(demo.encode(f"Is {name} in the standard library?"), 8, 0.0)
+                    for name in ("json", "numpy", "os")]
+        seen = []
+        result = measure_engine(demo, WorkloadSpec(num_prompts=3), 3, 0.0, False, warmup=False, requests=requests,
+                                guided=GuidedDecoding("regex", "(yes|no)"), on_output=lambda i, o: seen.append(o))
+    assert result["completed"] == 3
+    assert all(o.text in ("yes", "no") and o.finish_reason == "stop" for o in seen), [o.text for o in seen]
+    assert all(o.metrics.guided_mask_s > 0 for o in seen)
