@@ -78,3 +78,23 @@ def assert_axes_readable(page, chart: str) -> None:
     for title in titles:
         assert title["text"] and title["inside"], f"{chart}: clipped {title}"
         assert title["height"] >= 11 and title["lightness"] < 110, f"{chart}: hard to read {title}"
+
+
+def finished_replies(page) -> int:
+    return page.locator("#chat .msg-figures:not(.live)").count()
+
+
+def send(page, text: str, press_enter: bool = True) -> None:
+    """Send a message and wait for its reply to finish."""
+    before = finished_replies(page)
+    page.fill("#message textarea", text)
+    if press_enter:
+        page.press("#message textarea", "Enter")
+    else:
+        page.click("#send")
+    try:
+        page.wait_for_function(f"document.querySelectorAll('#chat .msg-figures:not(.live)').length > {before}",
+                               timeout=120_000)
+    except Exception as error:  # say what the page showed instead
+        raise AssertionError(f"no reply to {text!r}: notice {page.inner_text('#chat-notice')!r}, chat "
+                             f"{page.inner_text('#chat')[-300:]!r}") from error

@@ -26,8 +26,10 @@ from tests.playground.browser.actions import (
     BROWSER_MARKS,
     MARK_STATUS,
     assert_axes_readable,
+    finished_replies,
     open_page,
     pick,
+    send,
     wait_applied,
 )
 from tests.support.ui_helpers import pick_model, start_app
@@ -72,26 +74,6 @@ WATCH_REPLY = """() => {
     if (text && seen[seen.length - 1] !== text) seen.push(text);
   }).observe(chat, {subtree: true, childList: true, characterData: true});
 }"""
-
-
-def finished_replies(page) -> int:
-    return page.locator("#chat .msg-figures:not(.live)").count()
-
-
-def send(page, text: str, press_enter: bool = True) -> None:
-    """Send a message and wait for its reply to finish."""
-    before = finished_replies(page)
-    page.fill("#message textarea", text)
-    if press_enter:
-        page.press("#message textarea", "Enter")
-    else:
-        page.click("#send")
-    try:
-        page.wait_for_function(f"document.querySelectorAll('#chat .msg-figures:not(.live)').length > {before}",
-                               timeout=90_000)
-    except Exception as error:  # say what the page showed instead
-        raise AssertionError(f"no reply to {text!r}: notice {page.inner_text('#chat-notice')!r}, chat "
-                             f"{page.inner_text('#chat')[-300:]!r}") from error
 
 
 def last_figures(page) -> str:

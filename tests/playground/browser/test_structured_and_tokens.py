@@ -7,25 +7,13 @@ from __future__ import annotations
 
 import json
 
-from tests.playground.browser.actions import BROWSER_MARKS, fill_text, pick
+from tests.playground.browser.actions import BROWSER_MARKS, fill_text, pick, send
 
 pytestmark = BROWSER_MARKS
 
 SCHEMA = {"type": "object", "properties": {"module": {"type": "string", "maxLength": 16},
                                            "in_stdlib": {"type": "boolean"}},
           "required": ["module", "in_stdlib"], "additionalProperties": False}
-
-
-def send_and_wait(page, text: str) -> None:
-    before = page.locator("#chat .msg-figures:not(.live)").count()
-    page.fill("#message textarea", text)
-    page.press("#message textarea", "Enter")
-    try:
-        page.wait_for_function(f"document.querySelectorAll('#chat .msg-figures:not(.live)').length > {before}",
-                               timeout=120_000)
-    except Exception as error:  # say what the page showed instead
-        raise AssertionError(f"no reply: notice {page.inner_text('#chat-notice')!r}, chat "
-                             f"{page.inner_text('#chat')[-300:]!r}") from error
 
 
 def last_reply(page):
@@ -43,7 +31,7 @@ def test_a_json_schema_reply_shows_its_validity_and_the_masks_cost(page):
     assert page.locator('#chat [data-testid="bot"]').count() == 0, "nothing entered the conversation"
 
     fill_text(page, "#structured-spec", json.dumps(SCHEMA))
-    send_and_wait(page, "Which module reads JSON?")
+    send(page, "Which module reads JSON?")
     reply = last_reply(page)
     validity = reply.locator(".reply-validity")
     assert validity.inner_text() == "✓ valid against the schema", reply.inner_text()
@@ -57,7 +45,7 @@ def test_token_probabilities_show_each_tokens_alternatives_on_hover(page, shots)
     """(After the schema reply: the screenshot shows both, docs/playground.md's image.)"""
     pick(page, "#structured", "off")
     page.locator("#token-probs input").check()
-    send_and_wait(page, "What does the json module do?")
+    send(page, "What does the json module do?")
     page.set_viewport_size({"width": 1440, "height": 1150})  # a chat box tall enough for both replies
     page.evaluate("window.scrollTo(0, 0)")
     tokens = last_reply(page).locator(".tokens .tok")
