@@ -9,22 +9,21 @@ outside `engine/` imports only these names.
 """
 
 from engine.config import CHOICES, EngineConfig, choice_note, tensor_parallel_reason, unavailable_reason
+from engine.core.logprobs import TokenLogprob
 from engine.core.metrics import GOODPUT_METRICS, RequestMetrics, check_goodput_slos, describe_device
 from engine.core.perplexity import PerplexityResult
 from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
-from engine.guided.decoding import GUIDED_KINDS, MAX_SPEC_CHARS, GuidedDecoding
 from engine.hub import ModelEntry, hub_repo, list_models, resolve_model_path
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
-from engine.model.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
 from engine.preload import import_serving_modules
 from engine.presets import list_presets, load_preset, preset_description
 from engine.runner.profiler import DecodeProfile
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GUIDED_KINDS, MAX_SPEC_CHARS, MAX_TOP_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
 from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline

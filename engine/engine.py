@@ -49,14 +49,13 @@ from engine.core.perplexity import (
 from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
 from engine.core.threads import run_on_passing_thread, start_helper_thread
 from engine.errors import ModelLoadError, RequestError
-from engine.guided.decoding import GuidedDecoding
 from engine.guided.grammars import CompiledGrammar, GrammarCompiler
 from engine.hub import eos_token_ids, load_tokenizer
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.plan import EnginePlan, plan_engine
 from engine.prompts import PromptEncoder, check_text
 from engine.runner.profiler import DecodeProfile
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GuidedDecoding, SamplingParams
 
 log = logging.getLogger(__name__)
 

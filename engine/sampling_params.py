@@ -3,7 +3,9 @@
 Every value a caller can send is checked here, before the request reaches the engine loop: a
 NaN or infinite temperature, a seed wider than 64 bits or thousands of stop strings must be one
 clear `RequestError` for that caller, never a failure inside a step shared with other users.
-Temperatures too small to sample with in float32 mean greedy.
+Temperatures too small to sample with in float32 mean greedy. `GuidedDecoding` is the part of a
+request's parameters that says what its output must match; it is plain data with the checks that need no
+grammar library (kind, type, size), and compiling it against a tokenizer is `engine/guided/grammars.py`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,38 @@ import math
 from dataclasses import dataclass, field
 
 from engine.errors import RequestError
-from engine.guided.decoding import GuidedDecoding
-from engine.model.logprobs import MAX_TOP_LOGPROBS
 
+GUIDED_KINDS = ("json_object", "json_schema", "regex", "grammar")
+MAX_SPEC_CHARS = 32_768  # a schema, regex or grammar longer than this is refused before anything compiles it
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """`kind`: "json_object" | "json_schema" | "regex" | "grammar" (Lark, as llguidance takes it); `spec`: the
+    JSON schema as JSON text, the regex or the grammar ("" for json_object)."""
+
+    kind: str
+    spec: str = ""
+
+    def validate(self) -> None:
+        """One RequestError naming what is wrong with the kind or the spec's type and size (not its content)."""
+        if self.kind not in GUIDED_KINDS:
+            raise RequestError(f"guided.kind must be one of {', '.join(GUIDED_KINDS)}, got {self.kind!r}"[:300])
+        if not isinstance(self.spec, str):
+            raise RequestError(f"guided.spec must be a string, got {type(self.spec).__name__}")
+        if len(self.spec) > MAX_SPEC_CHARS:
+            raise RequestError(f"guided.spec may have at most {MAX_SPEC_CHARS} characters, got {len(self.spec)}")
+        try:
+            self.spec.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError("guided.spec is not valid Unicode text (it contains a lone surrogate)") from None
+        if self.kind == "json_object" and self.spec:
+            raise RequestError("guided.spec must be empty for kind json_object (use json_schema to give a schema)")
+        if self.kind != "json_object" and not self.spec.strip():
+            raise RequestError(f"guided.spec is empty: kind {self.kind} needs one")
+
+
+MAX_TOP_LOGPROBS = 20  # the most alternatives a request may ask to see beside each token
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256

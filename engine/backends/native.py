@@ -27,6 +27,7 @@ import torch
 
 from engine.backends.base import next_token_log_probs
 from engine.core.block_manager import BlockManager
+from engine.core.logprobs import LogprobRow, TokenLogprob, token_logprobs
 from engine.core.metrics import peak_memory_bytes
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
@@ -35,7 +36,6 @@ from engine.guided.masks import MaskResult, apply_grammar_masks
 from engine.info import EngineStats, StepRecord
 from engine.model.attention import make_attention
 from engine.model.linear import BuildContext
-from engine.model.logprobs import LogprobRow, TokenLogprob, token_logprobs
 from engine.model.sampler import SamplingTensors, greedy, sample
 from engine.plan import EnginePlan
 from engine.quant.storage import parameter_count, weight_storage_bytes

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.logprobs import TokenLogprob
 from engine.core.metrics import RequestMetrics
 from engine.core.threads import SIGNAL_CHECK_SECONDS
-from engine.model.logprobs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.guided.matcher import RequestGrammar
+    from engine.core.grammar_state import RequestGrammar
 
 _request_ids = itertools.count()
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import llguidance
 
+from engine.core.grammar_state import RequestGrammar
 from engine.errors import RequestError
-from engine.guided.decoding import GuidedDecoding
-from engine.guided.matcher import RequestGrammar
+from engine.sampling_params import GuidedDecoding
 
 MAX_COMPILE_SECONDS = 2.0     # a grammar whose compile (and first mask) takes longer is refused
 MAX_CACHED_GRAMMARS = 256     # compiled grammars kept per engine, least recently used dropped first

@@ -25,9 +25,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.guided.decoding import GuidedDecoding
 from engine.overrides import parse_sets
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GuidedDecoding, SamplingParams
 
 TRIVIAL = GuidedDecoding("regex", "a")
 

@@ -20,10 +20,9 @@ import torch
 
 from engine.core.metrics import describe_device, summarize
 from engine.core.request import RequestOutput
-from engine.guided.decoding import GuidedDecoding
 from engine.hub import PROJECT_ROOT
 from engine.info import EngineStats
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GuidedDecoding, SamplingParams
 from engine.tools.roofline import roofline_figures
 from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
 

@@ -18,10 +18,10 @@ from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.guided import grammars
-from engine.guided.decoding import MAX_SPEC_CHARS
 from engine.guided.grammars import GrammarCompiler
 from engine.guided.masks import apply_grammar_masks
 from engine.hub import load_tokenizer, resolve_model_path
+from engine.sampling_params import MAX_SPEC_CHARS
 from engine.speculative.speculator import Speculator
 
 YES_NO = GuidedDecoding("regex", "(yes|no)!")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.guided.decoding import MAX_SPEC_CHARS
+from engine.sampling_params import MAX_SPEC_CHARS
 from playground.api.errors import APIError
 from playground.api.logprobs import parse_logprobs
 from playground.api.structured import parse_constraint

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine import GuidedDecoding
-from engine.guided.decoding import MAX_SPEC_CHARS
+from engine.sampling_params import MAX_SPEC_CHARS
 from playground.api.errors import APIError
 from playground.api.structured import parse_constraint
 

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_TOP_LOGPROBS = 20
-
 
 @dataclass(frozen=True)
 class TokenLogprob:
