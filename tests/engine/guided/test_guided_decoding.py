@@ -121,13 +121,13 @@ def test_logprobs_under_a_grammar_are_the_models_own(engine):
     assert any(entry.top[0][0] != entry.token_id for entry in output.logprobs), "some token was forced"
 
 
-def test_tensor_parallel_ranks_give_the_same_guided_tokens_and_logprobs(engine):
-    """The engine's process masks and samples rank 0's logits: two ranks give the one-rank output."""
-    if engine.config.speculative != "off":
-        pytest.skip("one comparison is enough: the masks do not depend on the proposer")
+def test_tensor_parallel_ranks_give_the_same_guided_tokens_and_logprobs():
+    """The engine's process masks and samples rank 0's logits: two ranks give the one-rank output (once, without
+    speculation: the masks do not depend on the proposer)."""
     params = SamplingParams(max_tokens=MAX_TOKENS, logprobs=3,
                             guided=GuidedDecoding("json_schema", json.dumps(SCHEMAS["event"])))
-    one = engine.generate(prompt("event"), params)[0]
+    with Engine(EngineConfig(model="demo")) as single:
+        one = single.generate(prompt("event"), params)[0]
     with Engine(EngineConfig(model="demo", tensor_parallel_size=2)) as sharded:
         two = sharded.generate(prompt("event"), params)[0]
     check_valid("event", two.text, two.finish_reason)
