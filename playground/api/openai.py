@@ -253,8 +253,8 @@ class OpenAIService:
             engine = job.engine
             max_model_len = engine.info.max_model_len
             try:
-                ids = [encode_chat(engine, messages, call.tools) if kind == "chat" else engine.encode(messages)
-                       for messages in prompts]
+                ids = [encode_chat(engine, prompt, call.tools) if kind == "chat" else engine.encode(prompt)
+                       for prompt in prompts]
             except RequestError as error:
                 raise APIError(400, self.context.describe(error), param=what,
                                code="context_length_exceeded" if "max_model_len" in str(error) else None) from None
