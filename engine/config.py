@@ -28,6 +28,8 @@ CHOICES: dict[str, list[str]] = {
     "kv_cache_dtype": ["auto", "float32", "bfloat16", "int8"],
     "batching": ["continuous", "static"],
     "speculative": ["off", "draft", "ngram"],
+    "pipeline_schedule": ["overlap", "flush"],
+    "disaggregation": ["off", "prefill-decode"],
 }
 
 MAX_SPECULATIVE_TOKENS = 16
@@ -36,6 +38,18 @@ KV_CACHE_NOTES = {
     "int8": "int8 values and a float32 scale per token and head (68 bytes per 64 values): 3.8x the tokens of "
             "float32 in the same memory; the CPU kernel reads it in place, other paths dequantize what they gather",
 }
+
+
+def worker_processes_reason(count: int, device: str, what: str, why: str) -> str | None:
+    """Why `count` worker processes (`what`: "ranks", "stages", ...) cannot each have a device of their own here:
+    a GPU each, or on a CPU a core each (`why` says what sharing one would cost)."""
+    if resolve_device(device) == "cuda":
+        visible = torch.cuda.device_count()
+        if count > visible:
+            return f"{count} {what} need {count} CUDA devices (one each); {visible} visible"
+    elif count > cpu_cores():
+        return f"{count} {what} need {count} CPU cores (one each); this machine has {cpu_cores()}, and {why}"
+    return None
 
 
 def tensor_parallel_reason(size, device: str = "auto", num_heads: int | None = None,
@@ -51,15 +65,9 @@ def tensor_parallel_reason(size, device: str = "auto", num_heads: int | None = N
         return "must be a positive number of worker processes"
     if size == 1:
         return None
-    if resolve_device(device) == "cuda":
-        count = torch.cuda.device_count()
-        if size > count:
-            return f"{size} ranks need {size} CUDA devices (one per rank); {count} visible"
-    elif size > cpu_cores():
-        return (f"{size} ranks need {size} CPU cores (one per rank); this machine has {cpu_cores()}, and ranks "
-                "sharing a core would stall every all-reduce")
-    if num_heads is None:
-        return None
+    reason = worker_processes_reason(size, device, "ranks", "ranks sharing a core would stall every all-reduce")
+    if reason or num_heads is None:
+        return reason
     from engine.model.linear import HeadLayout
     from engine.model.parallel import ParallelContext
 
@@ -107,6 +115,14 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
                 return cpu_kernels.NOT_BUILT
     if field_name == "tensor_parallel_size":
         return tensor_parallel_reason(value, device)
+    if field_name == "pipeline_parallel_size" and value != 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            return "must be a positive number of stages"
+        return worker_processes_reason(value, device, "pipeline stages",
+                                       "stages sharing a core would take turns instead of overlapping")
+    if field_name == "disaggregation" and value == "prefill-decode":
+        return worker_processes_reason(2, device, "workers (prefill and decode)",
+                                       "a prefill sharing the decode worker's core would stall its decode steps")
     return None
 
 
@@ -159,6 +175,10 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     gqa: str | int = "native"
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pipeline_micro_batches: int | None = None
+    pipeline_schedule: str = "overlap"
+    disaggregation: str = "off"
     seed: int = 0
     cuda_graphs: bool = True
     cpu_kernels: bool = True
@@ -192,7 +212,7 @@ class EngineConfig:
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError("model must be a preset name, a local folder or a hub id")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_speculative_tokens",
-                     "tensor_parallel_size"):
+                     "tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -233,10 +253,23 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.backend == "hf":
             raise ConfigError("tensor parallelism shards the native engine's model; the hf backend runs one "
                               "process (use backend='native' or 'auto')")
+        if self.pipeline_micro_batches is not None and (
+                not isinstance(self.pipeline_micro_batches, int) or isinstance(self.pipeline_micro_batches, bool)
+                or self.pipeline_micro_batches < 1):
+            raise ConfigError(f"pipeline_micro_batches must be a positive integer (or unset: one per stage), got "
+                              f"{self.pipeline_micro_batches!r}")
+        self._validate_process_layout()
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            reason = worker_processes_reason(self.processes, self.device, "processes (stages x ranks)",
+                                             "processes sharing a core would stall every collective")
+            if reason:
+                raise ConfigError(f"pipeline_parallel_size={self.pipeline_parallel_size} x tensor_parallel_size="
+                                  f"{self.tensor_parallel_size}: {reason}")
         if self.attention == "flash-attn" and self.kv_cache_dtype == "int8":
             raise ConfigError("kv_cache_dtype='int8': flash-attn reads float16/bfloat16 K/V only; choose sdpa "
                               "attention (which dequantizes the blocks it gathers) or another kv_cache_dtype")
-        for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size"):
+        for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size",
+                     "pipeline_parallel_size", "disaggregation"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: {reason}")
@@ -249,6 +282,37 @@ class EngineConfig:
         if self.backend == "hf" and self.attention in ("flash-attn", "cpu-kernel"):
             raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
         return self
+
+    def _validate_process_layout(self) -> None:
+        """Pipeline stages, tensor-parallel ranks and disaggregated workers: which combinations exist."""
+        pipelined = self.pipeline_parallel_size > 1
+        if pipelined and self.backend == "hf":
+            raise ConfigError("pipeline parallelism splits the native engine's model into stages; the hf backend "
+                              "runs one process (use backend='native' or 'auto')")
+        if self.disaggregation != "off" and self.backend == "hf":
+            raise ConfigError("disaggregation runs the native engine's prefill and decode in two workers; the hf "
+                              "backend runs one process (use backend='native' or 'auto')")
+        if self.disaggregation != "off" and (pipelined or self.tensor_parallel_size > 1):
+            raise ConfigError("disaggregation runs one whole model per worker; it does not combine with tensor or "
+                              "pipeline parallelism here (set both sizes to 1)")
+        if self.disaggregation != "off" and self.speculative != "off":
+            raise ConfigError("disaggregation does not run speculative decoding (the proposer would need the decode "
+                              "worker's K/V in the engine's process): set speculative='off'")
+        if pipelined and self.speculative != "off":
+            raise ConfigError("speculative decoding is not pipelined: its proposals need the previous step's tokens "
+                              "before the next step can enter the first stage; set speculative='off' or "
+                              "pipeline_parallel_size=1")
+        if self.pipeline_micro_batches is not None and not pipelined:
+            raise ConfigError("pipeline_micro_batches splits a step between pipeline stages: it needs "
+                              "pipeline_parallel_size > 1 (or leave it unset)")
+
+    @property
+    def processes(self) -> int:
+        """Worker processes this configuration runs the model in (0: in the engine's own process)."""
+        if self.disaggregation != "off":
+            return 2
+        count = self.tensor_parallel_size * self.pipeline_parallel_size
+        return count if count > 1 else 0
 
     @property
     def resolved_device(self) -> str:

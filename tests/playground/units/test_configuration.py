@@ -25,7 +25,10 @@ SAMPLES = {
     "kv_cache_dtype": ("int8", "KV int8"), "batching": ("static", "static"), "max_num_seqs": (8, "8"),
     "max_num_batched_tokens": (512, "512"), "max_model_len": (256, "256"), "speculative": ("ngram", "spec ngram k=4"),
     "draft_model": ("demo-draft", "demo-draft"), "num_speculative_tokens": (6, "k=6"), "gqa": (4, "GQA 4"),
-    "tensor_parallel_size": (2, "TP 2"), "seed": (7, "7"), "cuda_graphs": (False, "no CUDA graphs"),
+    "tensor_parallel_size": (2, "TP 2"), "pipeline_parallel_size": (2, "PP 2"),
+    "pipeline_micro_batches": (4, "4 micro-batches"), "pipeline_schedule": ("flush", "pipeline flush"),
+    "disaggregation": ("prefill-decode", "disaggregated P/D"), "seed": (7, "7"),
+    "cuda_graphs": (False, "no CUDA graphs"),
     "cpu_kernels": (False, "no CPU kernels"),
 }
 
