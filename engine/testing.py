@@ -52,8 +52,8 @@ class EngineProbe:
         return self._native.profiler.decode_steps(since)
 
     def rank_processes(self) -> list:
-        """The tensor-parallel worker processes (`multiprocessing` processes), rank 1 first."""
-        return [rank.process for rank in self._native.executor._ranks]
+        """The executor's worker processes (`multiprocessing` processes), in the gang's order (rank 0 first)."""
+        return [member.process for member in self._native.executor.gang.members]
 
     def request_leftovers(self) -> dict[str, int]:
         """What an idle engine must hold for no request: block tables, and the speculator's kept proposal

@@ -29,7 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, estimate_memory, unavailable_reason
 from engine.config import tensor_parallel_reason
 from engine.host import cpu_cores
-from engine.runner.tp_executor import HEARTBEAT_TIMEOUT
+from engine.runner.worker_gang import HEARTBEAT_TIMEOUT
 from engine.testing import EngineProbe
 from tests.support.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 from tests.support.paths import PROJECT_ROOT
@@ -217,20 +217,20 @@ def a_late_monitor(engine: Engine, monkeypatch) -> None:
     """From now on the executor's monitor thread looks at the workers only after rank 0 has exited, as a monitor
     not scheduled for a while on a loaded machine would: rank 1's death and rank 0's own report of the collective
     it broke ("Connection reset by peer") then reach it together, and it must still blame rank 1."""
-    from engine.runner import tp_executor
+    from engine.runner import worker_gang
 
     processes = EngineProbe(engine).rank_processes()
-    real_wait = tp_executor.connection.wait
+    real_wait = worker_gang.connection.wait
     late = threading.Event()
 
     def late_wait(objects, timeout=None):
-        if threading.current_thread().name == "tp-monitor":
+        if threading.current_thread().name == "worker-monitor":
             late.set()
             real_wait([processes[0].sentinel], 30)
             timeout = 0
         return real_wait(objects, timeout)
 
-    monkeypatch.setattr(tp_executor, "connection", SimpleNamespace(wait=late_wait))
+    monkeypatch.setattr(worker_gang, "connection", SimpleNamespace(wait=late_wait))
     assert late.wait(5), "the monitor did not look again"
 
 
