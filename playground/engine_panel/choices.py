@@ -12,10 +12,11 @@ import json
 from engine import CHOICES, choice_note, unavailable_reason
 
 RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "kv_cache_dtype", "batching",
-                "speculative")
+                "speculative", "pipeline_schedule", "disaggregation")
 GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
 TP_CHOICES = [1, 2, 4, 8]
-DROPDOWN_CHOICES = {"gqa": GQA_CHOICES, "tensor_parallel_size": TP_CHOICES}
+PP_CHOICES = [1, 2, 4, 8]
+DROPDOWN_CHOICES = {"gqa": GQA_CHOICES, "tensor_parallel_size": TP_CHOICES, "pipeline_parallel_size": PP_CHOICES}
 HELP = {
     "backend": "native engine or plain transformers (baseline)",
     "device": "where the model runs",
@@ -28,6 +29,10 @@ HELP = {
     "speculative": "propose tokens cheaply, verify them in one pass",
     "gqa": "native heads, MHA, or a number of KV heads (GQA/MQA)",
     "tensor_parallel_size": "shard the model over worker processes",
+    "pipeline_parallel_size": "split the layers into stages, one process each",
+    "pipeline_schedule": "overlap: micro-batches of successive steps in flight together; flush: each step drains "
+                         "the pipeline (the textbook bubble)",
+    "disaggregation": "prefill-decode: one worker prefills prompts, another decodes, K/V moved between them",
 }
 
 

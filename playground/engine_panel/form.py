@@ -21,10 +21,11 @@ FORM_FIELDS = (
     "model", "custom_model", "backend", "device", "dtype", "quantization", "attention", "kv_layout", "kv_cache_dtype",
     "block_size", "prefix_caching", "kv_cache_mib", "batching", "max_num_seqs", "max_num_batched_tokens",
     "max_model_len", "kv_memory_fraction", "speculative", "draft_model", "num_speculative_tokens", "gqa",
-    "tensor_parallel_size", "seed", "cuda_graphs", "cpu_kernels",
+    "tensor_parallel_size", "pipeline_parallel_size", "pipeline_micro_batches", "pipeline_schedule", "disaggregation",
+    "seed", "cuda_graphs", "cpu_kernels",
 )
 # Config fields the panel shows under another name or derives (the rest share their control's name).
-_DERIVED = {"model", "kv_cache_bytes", "max_model_len", "kv_memory_fraction", "draft_model"}
+_DERIVED = {"model", "kv_cache_bytes", "max_model_len", "kv_memory_fraction", "draft_model", "pipeline_micro_batches"}
 
 
 def _choice(name: str, value) -> str:
@@ -65,6 +66,9 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
     if not 0 <= fraction <= 1:
         raise Refused(f"kv_memory_fraction must be 0 (the device's default) or in (0, 1], got {shown(fraction)}")
     draft = parse_text("draft_model", values["draft_model"]) if speculative == "draft" else ""
+    stages = parse_int("pipeline_parallel_size", values["pipeline_parallel_size"], 1, 1024)
+    micro_batches = 0 if values["pipeline_micro_batches"] is None else parse_int(
+        "pipeline_micro_batches", values["pipeline_micro_batches"], 0, 1024)
     return {
         **(extras or {}),
         "model": model,
@@ -88,6 +92,10 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
         "num_speculative_tokens": parse_int("num_speculative_tokens", values["num_speculative_tokens"], 1, 64),
         "gqa": _gqa(values["gqa"]),
         "tensor_parallel_size": parse_int("tensor_parallel_size", values["tensor_parallel_size"], 1, 1024),
+        "pipeline_parallel_size": stages,
+        "pipeline_micro_batches": micro_batches if stages > 1 and micro_batches else None,
+        "pipeline_schedule": _choice("pipeline_schedule", values["pipeline_schedule"]),
+        "disaggregation": _choice("disaggregation", values["disaggregation"]),
         "seed": parse_int("seed", values["seed"], 0, MAX_SEED),
         "cuda_graphs": parse_flag("cuda_graphs", values["cuda_graphs"]),
         "cpu_kernels": parse_flag("cpu_kernels", values["cpu_kernels"]),
@@ -116,6 +124,7 @@ def config_to_form(fields: dict, curated: list[str]) -> dict:
         "kv_memory_fraction": fields["kv_memory_fraction"] or 0,
         "draft_model": fields["draft_model"] or "",
         "gqa": str(fields["gqa"]),
+        "pipeline_micro_batches": fields["pipeline_micro_batches"] or 0,
     })
     return form
 

@@ -96,6 +96,13 @@ def _controls(panel: PanelHandlers) -> dict:
     with gr.Accordion("Attention heads, parallelism, advanced", open=False, elem_classes=["group"]):
         controls["gqa"] = _dropdown("gqa", form["gqa"])
         controls["tensor_parallel_size"] = _dropdown("tensor_parallel_size", form["tensor_parallel_size"])
+        controls["pipeline_parallel_size"] = _dropdown("pipeline_parallel_size", form["pipeline_parallel_size"])
+        controls["pipeline_micro_batches"] = gr.Number(
+            value=form["pipeline_micro_batches"], label="pipeline_micro_batches", precision=0, minimum=0, maximum=64,
+            info="micro-batches a step is split into across the stages; 0 = one per stage (pipelining only)",
+            elem_id="ctl-pipeline_micro_batches", elem_classes=["ctl"])
+        controls["pipeline_schedule"] = _radio("pipeline_schedule", form["pipeline_schedule"])
+        controls["disaggregation"] = _radio("disaggregation", form["disaggregation"])
         controls["seed"] = gr.Number(value=form["seed"], label="seed", precision=0, minimum=0,
                                      info="the engine's seed (requests without their own seed)",
                                      elem_id="ctl-seed", elem_classes=["ctl"])

@@ -99,6 +99,24 @@ TOGGLES = {
                                   "many worker processes (GPUs), which compute their shards and exchange results.",
                                   "a model too big for one device fits, and memory bandwidth adds up; every layer "
                                   "pays for the communication."),
+    "pipeline_parallel_size": Entry(
+        "pipeline_parallel_size", "Splits the decoder layers into this many stages, one process (GPU) each; a "
+        "step's hidden states pass from stage to stage.", "a model too deep for one device fits with little "
+        "communication (one activation per token between stages); stages wait on each other (the pipeline bubble) "
+        "unless several micro-batches are in flight."),
+    "pipeline_micro_batches": Entry(
+        "pipeline_micro_batches", "How many parts a step's sequences are split into, so that stages work on "
+        "different parts at once.", "more micro-batches shrink the bubble (N-1)/(m+N-1) but make each matmul "
+        "smaller; 0 = one per stage."),
+    "pipeline_schedule": Entry(
+        "pipeline_schedule", "overlap keeps micro-batches of successive steps in flight together (vLLM's virtual "
+        "engines); flush waits for a step's last micro-batch before the next step enters (GPipe).",
+        "flush shows the textbook bubble; overlap hides it on a steady decode workload."),
+    "disaggregation": Entry(
+        "disaggregation", "prefill-decode: one worker computes prompts, another decodes; each request's K/V "
+        "blocks move from the first to the second once its prompt is done.", "long prompts no longer stall "
+        "everyone's decode steps; costs a K/V transfer per request (in its time to first token) and a second "
+        "copy of the model."),
     "seed": Entry("seed", "The engine's own seed, used for requests that do not bring one.", "a fixed seed "
                   "repeats sampled outputs."),
     "cuda_graphs": Entry("cuda_graphs", "Records the GPU kernels of a decode step once and replays them.",
