@@ -21,6 +21,7 @@ from playground.engine_panel.form import FORM_FIELDS, config_to_form, extras_of,
 from playground.engine_panel.plan_preview import apply_preview
 from playground.engine_panel.views import loaded_title, pool_html, progress_html, status_html
 from playground.figures.configuration import check_html, config_summary, header_html
+from playground.figures.export_view import export_html
 from playground.figures.units import format_bytes
 from playground.shared.configs import preset_config
 from playground.shared.context import PlaygroundContext
@@ -253,4 +254,5 @@ class PanelHandlers:
         return header_html(self.context.device, session.config, info, load_seconds)
 
     def pool_summary(self, session: Session) -> str:
-        return pool_html(self.context.pool, session.config)
+        """The engine pool, then how to run this session's configuration on vLLM / SGLang (closed until opened)."""
+        return pool_html(self.context.pool, session.config) + export_html(session.config)
