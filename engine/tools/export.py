@@ -35,9 +35,8 @@ class Target:
 
 
 TARGETS: dict[str, Target] = {
-    "vllm": Target("vllm", "vLLM", "0.11.0", "https://docs.vllm.ai/en/v0.11.0/configuration/engine_args.html"),
-    "sglang": Target("sglang", "SGLang", "0.5.4",
-                     "https://docs.sglang.ai/advanced_features/server_arguments.html"),
+    "vllm": Target("vllm", "vLLM", "0.11.0", "https://docs.vllm.ai/en/v0.11.0/"),
+    "sglang": Target("sglang", "SGLang", "0.5.4", "https://docs.sglang.ai/"),
 }
 
 
