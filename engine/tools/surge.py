@@ -1,0 +1,92 @@
+"""A surge workload's figures: each request class apart, and the chat users' token gaps split by the surge.
+
+Why: prefill/decode disaggregation exists so that a burst of long prompts does not stall the users who are
+decoding. Run-wide figures blur that (the burst's TTFTs and the chat users' gaps land in one distribution), so a
+run with a surge (`WorkloadSpec.surge`) reports each class apart (`chat_*`, `surge_*`: the summary's own keys),
+splits the chat users' inter-token gaps into those during the surge and outside it, and sets the first against
+the same chat users run alone (`reference_figures`): `chat_p99_itl_surge_ratio` is the headline figure.
+
+The surge window runs from the first surge request's submission to the last surge request's first token: while
+it is open, some surge prompt waits for or is in its prefill, which is what can stall the decoding users. A chat
+gap between tokens at times a < b is *during* the surge when it overlaps the window (b > start and a < end), else
+*outside* it. Times are on the bench's clock: a request's submission, plus its TTFT, plus its gaps.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from engine.core.metrics import RequestMetrics, latency_figures, summarize
+from engine.core.request import RequestOutput
+from engine.tools.workloads import CHAT, SURGE, BenchRequest
+
+Timed = list[tuple[float, RequestMetrics]]  # (submission time, metrics) of each finished request of a class
+
+
+def token_times(sent: float, metrics: RequestMetrics) -> list[float]:
+    """A finished request's token times: its submission, plus its TTFT, plus each gap."""
+    if metrics.ttft is None:
+        return []
+    return list(accumulate(metrics.itl, initial=sent + metrics.ttft))
+
+
+def surge_window(surge: Timed) -> tuple[float, float] | None:
+    """(first surge submission, last surge first token); None when no surge request produced a token."""
+    firsts = [sent + metrics.ttft for sent, metrics in surge if metrics.ttft is not None]
+    return (min(sent for sent, _ in surge), max(firsts)) if firsts else None
+
+
+def split_gaps(chat: Timed, window: tuple[float, float]) -> tuple[list[float], list[float]]:
+    """The chat requests' gaps (seconds) that overlap the window, and the others."""
+    start, end = window
+    during, outside = [], []
+    for sent, metrics in chat:
+        times = token_times(sent, metrics)
+        for before, after, gap in zip(times, times[1:], metrics.itl, strict=False):
+            (during if after > start and before < end else outside).append(gap)
+    return during, outside
+
+
+def _gap_figures(name: str, gaps: list[float]) -> dict:
+    """`chat_*_{name}_ms` figures and their count; None rather than 0 when there is no gap to describe."""
+    figures = latency_figures(name, gaps) if gaps else dict.fromkeys(latency_figures(name, []))
+    return {f"chat_{key}": value for key, value in figures.items()} | {f"chat_{name}_count": len(gaps)}
+
+
+def _class_summary(label: str, timed: Timed, goodput_slos: dict[str, float] | None) -> dict:
+    """The run summary's figures for one class, prefixed with its label; its duration runs from the class's first
+    submission to its last token."""
+    ends = [sent + metrics.e2el for sent, metrics in timed if metrics.e2el is not None]
+    duration = max(ends) - min(sent for sent, _ in timed) if ends else 0.0
+    summary = summarize([metrics for _, metrics in timed], duration, goodput_slos)
+    return {f"{label}_{key}": value for key, value in summary.items()}
+
+
+def class_figures(requests: list[BenchRequest], outputs: list[RequestOutput | None], sent_at: list[float | None],
+                  goodput_slos: dict[str, float] | None = None) -> dict:
+    """Each class's summary (`chat_*`, `surge_*`), the surge window (seconds from the run's first submission) and
+    the chat users' gaps during and outside it (`chat_*_itl_during_surge_ms`, `chat_*_itl_outside_surge_ms`)."""
+    classes: dict[str, Timed] = {CHAT: [], SURGE: []}
+    for request, output, sent in zip(requests, outputs, sent_at, strict=True):
+        if output is not None and output.finish_reason != "cancelled":
+            classes[request.label].append((sent, output.metrics))
+    figures = {}
+    for label, timed in classes.items():
+        figures.update(_class_summary(label, timed, goodput_slos))
+    window = surge_window(classes[SURGE])
+    if window is None:
+        return figures
+    during, outside = split_gaps(classes[CHAT], window)
+    first_sent = min(sent for sent in sent_at if sent is not None)
+    return {**figures, "surge_window_start_s": window[0] - first_sent, "surge_window_end_s": window[1] - first_sent,
+            **_gap_figures("itl_during_surge", during), **_gap_figures("itl_outside_surge", outside)}
+
+
+def reference_figures(surged: dict, alone: dict) -> dict:
+    """A surge run's figures against the same chat requests run alone (`alone`, kept whole under `no_surge`): the
+    chat users' gaps then, and the headline ratio, p99 gap during the surge / p99 gap alone (1.0: no slowdown)."""
+    during, alone_p99 = surged.get("chat_p99_itl_during_surge_ms"), alone["p99_itl_ms"]
+    return {"chat_median_itl_no_surge_ms": alone["median_itl_ms"], "chat_p99_itl_no_surge_ms": alone_p99,
+            "chat_p99_itl_surge_ratio": during / alone_p99 if during is not None and alone_p99 else None,
+            "no_surge": alone}
+
