@@ -20,6 +20,17 @@ from engine.core.metrics import RequestMetrics, latency_figures, summarize
 from engine.core.request import RequestOutput
 from engine.tools.workloads import CHAT, SURGE, BenchRequest
 
+# what the bench's table shows of a surge run, and sets compare / base ratios for (the cost of disaggregation in
+# each class's TTFT, its gain in the chat users' gaps during the surge)
+SURGE_TABLE_KEYS = ["chat_completed", "chat_median_ttft_ms", "chat_p99_ttft_ms", "chat_median_itl_ms",
+                    "chat_p99_itl_ms", "chat_p99_itl_outside_surge_ms", "chat_median_itl_during_surge_ms",
+                    "chat_p99_itl_during_surge_ms", "chat_itl_during_surge_count", "chat_p99_itl_no_surge_ms",
+                    "chat_p99_itl_surge_ratio", "chat_output_throughput", "surge_completed", "surge_median_ttft_ms",
+                    "surge_p99_ttft_ms", "surge_p99_itl_ms", "surge_median_e2el_ms", "surge_total_token_throughput",
+                    "surge_window_start_s", "surge_window_end_s"]
+SURGE_RATIO_KEYS = ["chat_median_ttft_ms", "chat_p99_ttft_ms", "surge_median_ttft_ms", "surge_p99_ttft_ms",
+                    "chat_p99_itl_during_surge_ms"]
+
 Timed = list[tuple[float, RequestMetrics]]  # (submission time, metrics) of each finished request of a class
 
 
@@ -90,3 +101,12 @@ def reference_figures(surged: dict, alone: dict) -> dict:
             "chat_p99_itl_surge_ratio": during / alone_p99 if during is not None and alone_p99 else None,
             "no_surge": alone}
 
+
+def headline(result: dict) -> str:
+    """One line: the chat users' p99 gap during the surge, alone, and their ratio."""
+    during, alone, ratio = (result.get(key) for key in (
+        "chat_p99_itl_during_surge_ms", "chat_p99_itl_no_surge_ms", "chat_p99_itl_surge_ratio"))
+    if during is None or ratio is None:
+        return "no chat gap overlapped the surge (or no surge request produced a token): no ratio"
+    return (f"chat p99 ITL {during:.2f} ms during the surge vs {alone:.2f} ms without it: {ratio:.2f}x; surge p99 "
+            f"TTFT {result['surge_p99_ttft_ms']:.1f} ms, chat p99 TTFT {result['chat_p99_ttft_ms']:.1f} ms")

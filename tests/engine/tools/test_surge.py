@@ -2,11 +2,13 @@
 
 The workload is deterministic and labels its classes; the surge is held until the chat users have streamed
 their tokens; the chat users' gaps are split by the surge window exactly as engine/tools/surge.py defines it
-(checked on hand-made token times).
+(checked on hand-made token times); and `python -m engine.bench --surge ... --sweep-set ... --compare-set ...`
+writes every figure, one sweep row per value, and the headline ratio.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from engine import Engine, EngineConfig
 from engine.core.metrics import RequestMetrics, percentile
 from engine.core.request import RequestOutput
+from engine.tools.bench import best_row, main
 from engine.tools.measure import send
 from engine.tools.surge import class_figures, reference_figures, surge_window, token_times
 from engine.tools.workloads import CHAT, SURGE, BenchRequest, SurgeSpec, WorkloadSpec, build_workload, warmup_workload
@@ -143,3 +146,55 @@ def test_a_gate_opens_when_the_chat_requests_end_and_never_takes_their_threads(e
     assert [len(o.token_ids) for o in outputs] == [2, 3]
     assert sent_at[0] > sent_at[1] + outputs[1].metrics.e2el
 
+
+def test_best_row_is_the_lowest_and_never_a_row_without_the_figure():
+    rows = {"a": {"x": 3.0}, "b": {"x": 1.0}, "c": {"x": None}, "d": {}}
+    assert best_row(rows, "x") == "b"
+    assert best_row({"c": {"x": None}, "a": {"x": 3.0}}, "x") == "a"
+
+
+def test_cli_surge_with_a_sweep_and_a_compare_writes_every_figure(tiny_llama_dir, tmp_path, capsys):
+    out = tmp_path / "surge.json"
+    code = main(["--set", f"model={tiny_llama_dir}", "--num-prompts", "2", "--input-len", "6", "--output-len", "10",
+                 "--surge", "2:48:3", "--sweep-set", "max_num_batched_tokens=32,64",
+                 "--compare-set", "max_num_batched_tokens=128", "--no-roofline", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["workload"]["surge"] == {"count": 2, "input_len": 48, "output_len": 3, "after_tokens": 5,
+                                           "request_rate": "inf"}
+    assert report["workload"]["concurrency"] == 4
+    for result in (report, report["compare"], *report["sweep"]["rows"]):
+        assert result["completed"] == 4 and result["chat_completed"] == 2 and result["surge_completed"] == 2
+        assert result["chat_total_output_tokens"] == 20 and result["surge_total_input_tokens"] == 96
+        assert result["no_surge"]["completed"] == 2 and result["no_surge"]["total_output_tokens"] == 20
+        assert result["chat_p99_itl_no_surge_ms"] == result["no_surge"]["p99_itl_ms"]
+        assert 0 < result["surge_window_start_s"] <= result["surge_window_end_s"]
+        for key in ("chat_p99_ttft_ms", "surge_p99_ttft_ms", "chat_p99_itl_outside_surge_ms", "surge_p99_itl_ms"):
+            assert result[key] > 0, key
+        if result["chat_itl_during_surge_count"]:
+            assert result["chat_p99_itl_surge_ratio"] == pytest.approx(
+                result["chat_p99_itl_during_surge_ms"] / result["chat_p99_itl_no_surge_ms"])
+    sweep = report["sweep"]
+    assert sweep["key"] == "max_num_batched_tokens" and sweep["values"] == [32, 64]
+    assert [row["value"] for row in sweep["rows"]] == [32, 64]
+    assert [row["config"]["max_num_batched_tokens"] for row in sweep["rows"]] == [32, 64]
+    assert sweep["best_by"] == "chat_p99_itl_during_surge_ms" and sweep["best"] in (32, 64)
+    assert report["config"]["max_num_batched_tokens"] == sweep["best"]
+    assert report["compare"]["config"]["max_num_batched_tokens"] == 128
+    assert report["compare_sets"] == {"max_num_batched_tokens": 128}
+    for key in ("chat_p99_ttft_ms", "surge_p99_ttft_ms", "total_token_throughput", "chat_p99_itl_during_surge_ms"):
+        assert key in report["ratios"]
+    printed = capsys.readouterr().out
+    assert "sweep of max_num_batched_tokens" in printed and "max_num_batched_tokens=32" in printed
+    assert "chat_p99_itl_surge_ratio" in printed and "during the surge" in printed
+
+
+def test_cli_refuses_surge_options_without_a_surge_and_a_surge_against_an_endpoint():
+    with pytest.raises(SystemExit):
+        main(["--surge-after", "4"])
+    with pytest.raises(SystemExit):
+        main(["--endpoint", "http://127.0.0.1:9/v1", "--surge", "1:8:2"])
+    with pytest.raises(SystemExit):
+        main(["--surge", "1:8"])
+    with pytest.raises(SystemExit):
+        main(["--sweep-set", "max_num_batched_tokens"])
