@@ -9,7 +9,8 @@ the same chat users run alone (`reference_figures`): `chat_p99_itl_surge_ratio` 
 The surge window runs from the first surge request's submission to the last surge request's first token: while
 it is open, some surge prompt waits for or is in its prefill, which is what can stall the decoding users. A chat
 gap between tokens at times a < b is *during* the surge when it overlaps the window (b > start and a < end), else
-*outside* it. Times are on the bench's clock: a request's submission, plus its TTFT, plus its gaps.
+*outside* it. Times are on the bench's clock: a request's submission, plus its TTFT, plus its gaps. The command
+and every key: docs/benchmarks.md, "Surge workload".
 """
 
 from __future__ import annotations
