@@ -116,12 +116,18 @@ def summarize(metrics: list[RequestMetrics], duration: float, goodput_slos: dict
         "e2el": [m.e2el for m in completed if m.e2el is not None],
     }
     for name, values in series.items():
-        millis = [v * 1000.0 for v in values]
-        summary[f"mean_{name}_ms"] = sum(millis) / len(millis) if millis else 0.0
-        summary[f"median_{name}_ms"] = percentile(millis, 50)
-        summary[f"p90_{name}_ms"] = percentile(millis, 90)
-        summary[f"p99_{name}_ms"] = percentile(millis, 99)
+        summary.update(latency_figures(name, values))
     return summary
+
+
+def latency_figures(name: str, seconds: list[float]) -> dict:
+    """Mean, median, p90 and p99 of `seconds` in milliseconds, under vLLM's key names (`p99_{name}_ms`); 0.0 for an
+    empty list. Shared by the run-wide summary and the surge workload's split of the chat users' gaps."""
+    millis = [v * 1000.0 for v in seconds]
+    return {f"mean_{name}_ms": sum(millis) / len(millis) if millis else 0.0,
+            f"median_{name}_ms": percentile(millis, 50),
+            f"p90_{name}_ms": percentile(millis, 90),
+            f"p99_{name}_ms": percentile(millis, 99)}
 
 
 def peak_memory_bytes(device: str) -> int:

@@ -10,6 +10,14 @@ the playground's Benchmark and Compare tabs share; `--goodput` adds vLLM's `requ
     python -m engine.bench --set model=random-llama-20m --num-prompts 64 --input-len 128 \
         --output-len 128 --compare baseline-hf
 
+`--surge COUNT:INPUT_LEN:OUTPUT_LEN` sends a burst of long prompts into the middle of the workload and
+reports the two request classes apart (engine/tools/surge.py); `--sweep-set KEY=V1,V2,...` runs the base
+configuration once per value and keeps the best row as the base that `--compare` is set against:
+
+    python -m engine.bench --set model=random-llama-20m --num-prompts 8 --input-len 64 --output-len 128 \
+        --surge 16:1024:128 --sweep-set max_num_batched_tokens=256,512,1024,2048 \
+        --compare-set disaggregation=prefill-decode
+
 With `--endpoint URL` the same workload goes to an OpenAI-compatible server instead (the playground
 serves one at /v1): `--model` names the served model, `--preset`/`--compare` become `MODEL@PRESET`
 model ids, and every figure is measured by this client (TTFT to the first streamed text, ITL between
@@ -31,7 +39,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -41,12 +49,13 @@ from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_dev
 from engine.core.request import RequestOutput
 from engine.errors import EngineError
 from engine.hub import PROJECT_ROOT
-from engine.overrides import parse_sets
+from engine.overrides import parse_sets, parse_setting
 from engine.presets import load_preset
 from engine.sampling_params import SamplingParams
 from engine.tools.measure import bench_report, measure_engine, send
 from engine.tools.roofline import ceilings_cache_path, device_ceilings
-from engine.tools.workloads import WorkloadSpec, build_workload, resolve_dataset, warmup_workload
+from engine.tools.surge import SURGE_RATIO_KEYS, SURGE_TABLE_KEYS, headline, reference_figures
+from engine.tools.workloads import SurgeSpec, WorkloadSpec, build_workload, resolve_dataset, warmup_workload
 
 RANDOM_MODELS = {
     # name: LlamaConfig fields. ~20M parameters: 8.4M in the (untied) embeddings, 2.9M per layer.
@@ -71,6 +80,11 @@ TABLE_KEYS = ["completed", "duration", "total_input_tokens", "total_output_token
               "spec_acceptance_rate", "spec_decode_acceptance_length", "cpu_ms_per_output_token", "weights_bytes",
               "kv_cache_bytes", "peak_memory_bytes", "perplexity", "tensor_parallel_size", "executor_seconds",
               "collective_seconds", "collective_share"]
+SWEEP_KEYS = ["p99_itl_ms", "median_itl_ms", "p99_ttft_ms", "median_ttft_ms", "output_throughput",
+              "total_token_throughput"]
+SWEEP_SURGE_KEYS = ["chat_p99_itl_during_surge_ms", "chat_p99_itl_outside_surge_ms", "chat_p99_itl_no_surge_ms",
+                    "chat_p99_itl_surge_ratio", "chat_p99_ttft_ms", "surge_median_ttft_ms", "surge_p99_ttft_ms",
+                    "total_token_throughput"]
 
 
 # ---- models ------------------------------------------------------------------------------------
@@ -139,7 +153,21 @@ def run_config(config: EngineConfig, spec: WorkloadSpec, concurrency: int, tempe
                ignore_eos: bool, warmup: bool = True, perplexity: bool = False, profile: bool = False,
                goodput_slos: dict[str, float] | None = None, roofline: bool = True) -> dict:
     """Load the engine, measure the workload on it (`engine.tools.measure.measure_engine`), and close it. With
-    `roofline`, the run's prefill and decode steps are placed against the device's measured ceilings."""
+    `roofline`, the run's prefill and decode steps are placed against the device's measured ceilings. A workload
+    with a surge is measured a second time without it, on a fresh engine (no prefix cache left over from the
+    first): the chat users alone, the reference their gaps during the surge are set against."""
+    result = _run_engine(config, spec, concurrency, temperature, ignore_eos, warmup, perplexity, profile,
+                         goodput_slos, roofline)
+    if spec.surge:
+        alone = _run_engine(config, replace(spec, surge=None), concurrency, temperature, ignore_eos, warmup,
+                            goodput_slos=goodput_slos, roofline=False)
+        result.update(reference_figures(result, alone))
+    return result
+
+
+def _run_engine(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temperature: float,
+                ignore_eos: bool, warmup: bool = True, perplexity: bool = False, profile: bool = False,
+                goodput_slos: dict[str, float] | None = None, roofline: bool = True) -> dict:
     from engine.engine import Engine
 
     if torch.cuda.is_available():
@@ -260,9 +288,9 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
 
 
 def ratios(base: dict, compare: dict) -> dict:
-    """compare / base for the headline figures (None where base is 0 or missing)."""
+    """compare / base for the headline figures (None where base is 0 or missing), a surge run's among them."""
     out = {}
-    for key in RATIO_KEYS:
+    for key in RATIO_KEYS + [key for key in SURGE_RATIO_KEYS if key in base]:
         a, b = base.get(key), compare.get(key)
         out[key] = (b / a) if isinstance(a, int | float) and isinstance(b, int | float) and a else None
     return out
@@ -283,12 +311,37 @@ def _fmt(value) -> str:
 def format_table(base: dict, compare: dict | None = None, names: tuple[str, str] = ("base", "compare")) -> str:
     rows = [("metric", names[0]) + ((names[1], "compare/base") if compare else ())]
     rat = ratios(base, compare) if compare else {}
-    for key in TABLE_KEYS:
+    for key in TABLE_KEYS + [key for key in SURGE_TABLE_KEYS if key in base]:
         row = (key, _fmt(base.get(key)))
         if compare:
             ratio = rat.get(key)
             row += (_fmt(compare.get(key)), f"{ratio:.2f}x" if ratio is not None else "")
         rows.append(row)
+    return _align(rows)
+
+
+def sweep_best_by(spec: WorkloadSpec) -> str:
+    """What picks a sweep's best row, the lowest wins: the chat users' p99 ITL during the surge (without a surge,
+    the p99 ITL), the configuration that protects decoding users best."""
+    return "chat_p99_itl_during_surge_ms" if spec.surge else "p99_itl_ms"
+
+
+def best_row(rows: dict[str, dict], key: str) -> str:
+    """The name of the row with the lowest `key` (a row without it is never best while another has it)."""
+    return min(rows, key=lambda name: math.inf if rows[name].get(key) is None else rows[name][key])
+
+
+def format_sweep(rows: dict[str, dict], best: str, surge: bool) -> str:
+    """One column per sweep value (the best marked *), the figures a sweep is read for as rows."""
+    keys = SWEEP_SURGE_KEYS if surge else SWEEP_KEYS
+    table = [("metric", *(name + (" *" if name == best else "") for name in rows))]
+    table += [(key, *(_fmt(row.get(key)) for row in rows.values())) for key in keys]
+    return _align(table)
+
+
+def _align(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells as a text table: the first column left-aligned, the others right-aligned, a rule under the
+    header."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
@@ -335,6 +388,24 @@ def parse_goodput_item(text: str) -> tuple[str, float]:
     return next(iter(objective.items()))
 
 
+def parse_surge(text: str) -> tuple[int, int, int]:
+    """--surge COUNT:INPUT_LEN:OUTPUT_LEN."""
+    parts = text.split(":")
+    if len(parts) != 3 or not all(part.strip().isdigit() and int(part) >= 1 for part in parts):
+        raise argparse.ArgumentTypeError(f"expected COUNT:INPUT_LEN:OUTPUT_LEN, each at least 1, got {text!r}")
+    count, input_len, output_len = (int(part) for part in parts)
+    return count, input_len, output_len
+
+
+def parse_sweep(text: str) -> tuple[str, list]:
+    """--sweep-set KEY=V1,V2,...: the field and its values, each read as --set reads it."""
+    key, sep, values = text.partition("=")
+    items = [value for value in values.split(",") if value.strip()]
+    if not sep or not key.strip() or not items:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE,VALUE,..., got {text!r}")
+    return key.strip(), [parse_setting(key.strip(), value) for value in items]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", help="optimization preset name (presets/NAME.toml) or path")
@@ -344,7 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", metavar="PRESET", help="also run this preset (plus the same --set/--model) "
                         "on the same requests and print compare/base ratios")
     parser.add_argument("--compare-set", dest="compare_sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="overrides applied only to the --compare run (after its preset)")
+                        help="overrides applied only to the --compare run (after its preset); without --compare, "
+                             "the compare run is the base preset with these overrides")
+    parser.add_argument("--sweep-set", dest="sweep", type=parse_sweep, metavar="KEY=V1,V2,...",
+                        help="run the base configuration once per value of this field (after --set) and report "
+                             "each; the best (lowest chat p99 ITL during the surge, else lowest p99 ITL) is the base "
+                             "that --compare is set against")
     parser.add_argument("--dataset", default="random", help="random | chat | path to a .jsonl of prompts")
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=128, help="unique tokens per random prompt")
@@ -354,6 +430,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-len-range", type=parse_range, metavar="LO:HI",
                         help="draw each request's output length uniformly from LO..HI (mixed lengths)")
     parser.add_argument("--prefix-len", type=int, default=0, help="shared prefix tokens before each random prompt")
+    parser.add_argument("--surge", type=parse_surge, metavar="COUNT:INPUT_LEN:OUTPUT_LEN",
+                        help="a second request class: COUNT random prompts of INPUT_LEN tokens asking OUTPUT_LEN each, "
+                             "sent once the workload's own requests (the chat users) are --surge-after tokens into "
+                             "their answers; each class is reported apart, and the chat users are also run alone")
+    parser.add_argument("--surge-after", type=int, metavar="TOKENS",
+                        help="release the surge once the chat requests have streamed this many tokens each on "
+                             "average (default: half of --output-len)")
+    parser.add_argument("--surge-rate", type=float, default=math.inf, metavar="RATE",
+                        help="Poisson arrivals per second of the surge's prompts, from its release (default: all at "
+                             "once)")
     parser.add_argument("--concurrency", type=int, default=None, help="max requests in flight (default: all)")
     parser.add_argument("--request-rate", type=float, default=math.inf, help="Poisson arrivals per second")
     parser.add_argument("--goodput", nargs="+", type=parse_goodput_item, metavar="METRIC:MS",
@@ -390,8 +476,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def workload_spec(args: argparse.Namespace, dataset: str) -> WorkloadSpec:
+    """The workload the command line describes (a ConfigError for a surge it cannot describe)."""
+    surge = None
+    if args.surge:
+        count, input_len, output_len = args.surge
+        after = args.output_len // 2 if args.surge_after is None else args.surge_after
+        surge = SurgeSpec(count, input_len, output_len, after, args.surge_rate)
+    return WorkloadSpec(dataset=dataset, num_prompts=args.num_prompts, input_len=args.input_len,
+                        output_len=args.output_len, output_len_range=args.output_len_range,
+                        input_len_range=args.input_len_range, prefix_len=args.prefix_len,
+                        request_rate=args.request_rate, seed=args.seed, surge=surge)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.make_random_model:
         folder = make_random_model("random-llama-20m", args.make_random_model)
         print(f"random-llama-20m saved in {folder}")
@@ -407,40 +507,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ceilings.describe()}; cache file: {ceilings_cache_path()}")
         if args.ceilings:
             return 0
+    if args.endpoint and (args.surge or args.sweep):
+        parser.error("--surge and --sweep-set need an in-process engine: a surge waits for the chat users' streamed "
+                     "tokens, and a sweep builds configurations")
+    if not args.surge and (args.surge_after is not None or not math.isinf(args.surge_rate)):
+        parser.error("--surge-after and --surge-rate describe a --surge")
     try:
         if args.endpoint:  # the served configurations are MODEL@PRESET ids; the server resolves them
             model = args.model or parse_sets(args.sets).get("model") or "demo"
-            base_config = f"{model}@{args.preset}" if args.preset else model
+            base_configs = {"base": f"{model}@{args.preset}" if args.preset else model}
             compare_config = f"{model}@{args.compare}" if args.compare else None
         else:
             sets = parse_sets(args.sets)
-            base_config = build_config(args.preset, sets, args.model)
+            if args.sweep:
+                key, values = args.sweep
+                base_configs = {f"{key}={value}": build_config(args.preset, {**sets, key: value}, args.model)
+                                for value in values}
+            else:
+                base_configs = {"base": build_config(args.preset, sets, args.model)}
+            model = next(iter(base_configs.values())).model
             compare_config = None
-            if args.compare:
+            if args.compare or args.compare_sets:
                 compare_sets = {**sets, **parse_sets(args.compare_sets)}
-                compare_config = build_config(args.compare, compare_sets, args.model or base_config.model)
+                compare_config = build_config(args.compare or args.preset, compare_sets, args.model or model)
+        spec = workload_spec(args, resolve_dataset(args.dataset, model))
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    dataset = resolve_dataset(args.dataset, model if args.endpoint else base_config.model)
-    spec = WorkloadSpec(dataset=dataset, num_prompts=args.num_prompts, input_len=args.input_len,
-                        output_len=args.output_len, output_len_range=args.output_len_range,
-                        input_len_range=args.input_len_range, prefix_len=args.prefix_len,
-                        request_rate=args.request_rate, seed=args.seed)
     ignore_eos = args.ignore_eos if args.ignore_eos is not None else args.dataset == "random"
-    concurrency = args.concurrency or args.num_prompts
+    concurrency = args.concurrency or args.num_prompts + (spec.surge.count if spec.surge else 0)
     goodput_slos = dict(args.goodput or [])
     print(f"{describe_device()}; torch threads: {torch.get_num_threads()}")
     print(f"workload: {json.dumps(asdict(spec), default=str)} "
           f"concurrency={concurrency} temperature={args.temperature} ignore_eos={ignore_eos}")
+    runs = [*base_configs.items(), *([("compare", compare_config)] if compare_config else [])]
     results: dict[str, dict] = {}
     round_ratios: list[dict] = []
     try:
         for round_index in range(max(1, args.rounds)):
             this_round = {}
-            for name, config in (("base", base_config), ("compare", compare_config)):
-                if config is None:
-                    continue
+            for name, config in runs:
                 if args.endpoint:
                     this_round[name] = run_endpoint(args.endpoint, config, spec, concurrency, args.temperature,
                                                     ignore_eos, not args.no_warmup, goodput_slos)
@@ -452,12 +558,22 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name}: {_describe(this_round[name])}")
             results = results or this_round
             if "compare" in this_round:
-                round_ratios.append(ratios(this_round["base"], this_round["compare"]))
+                best = best_row({name: this_round[name] for name in base_configs}, sweep_best_by(spec))
+                round_ratios.append(ratios(this_round[best], this_round["compare"]))
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    base, compare = results["base"], results.get("compare")
-    print(format_table(base, compare, (args.preset or "base", args.compare or "compare")))
+    rows = {name: results[name] for name in base_configs}
+    best = best_row(rows, sweep_best_by(spec))
+    if args.sweep:
+        print(f"sweep of {args.sweep[0]} (* the best: lowest {sweep_best_by(spec)})")
+        print(format_sweep(rows, best, bool(spec.surge)))
+    base, compare = results[best], results.get("compare")
+    base_name = " ".join(name for name in (args.preset, None if best == "base" else best) if name) or "base"
+    print(format_table(base, compare, (base_name, args.compare or " ".join(args.compare_sets) or "compare")))
+    if spec.surge:
+        for name, result in results.items():
+            print(f"{name}: {headline(result)}")
     for name, result in results.items():
         if result["decode_profile_text"]:
             print(f"{name} ({result['backend']}, {result['attention']}): {result['decode_profile_text']}")
@@ -468,15 +584,23 @@ def main(argv: list[str] | None = None) -> int:
         if result["errors"]:
             print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)
     report = bench_report(base, spec, concurrency, args.temperature, ignore_eos, args.preset, goodput_slos)
+    if args.sweep:
+        key, values = args.sweep
+        report["sweep"] = {"key": key, "values": values, "best": values[list(rows).index(best)],
+                           "best_by": sweep_best_by(spec),
+                           "rows": [{"value": value, **row} for value, row in zip(values, rows.values(), strict=True)]}
     if compare:
         report["compare_preset"] = args.compare
+        report["compare_sets"] = parse_sets(args.compare_sets)
         report["compare"] = compare
         report["ratios"] = ratios(base, compare)
         print("ratios compare/base: " + ", ".join(f"{k}={v:.2f}x" for k, v in report["ratios"].items()
                                                  if v is not None))
     if len(round_ratios) > 1:
         report["round_ratios"] = round_ratios
-        for key in ("output_throughput", "cpu_ms_per_output_token", "mean_tpot_ms", "median_tpot_ms"):
+        surge_keys = ("chat_p99_itl_during_surge_ms", "surge_p99_ttft_ms", "total_token_throughput") \
+            if spec.surge else ()
+        for key in ("output_throughput", "cpu_ms_per_output_token", "mean_tpot_ms", "median_tpot_ms", *surge_keys):
             values = [r[key] for r in round_ratios if r.get(key) is not None]
             if values:
                 print(f"{key} compare/base per round: {' '.join(f'{v:.2f}x' for v in values)}; "

@@ -24,7 +24,8 @@ from engine.hub import PROJECT_ROOT
 from engine.info import EngineStats
 from engine.sampling_params import GuidedDecoding, SamplingParams
 from engine.tools.roofline import roofline_figures
-from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, warmup_workload
+from engine.tools.surge import class_figures
+from engine.tools.workloads import SURGE, BenchRequest, WorkloadSpec, build_workload, warmup_workload
 
 SPEC_COUNTERS = ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")
 CANCEL_POLL_S = 0.05
@@ -36,17 +37,52 @@ def _sampling(request: BenchRequest, index: int, temperature: float, ignore_eos:
                           ignore_eos=ignore_eos, seed=seed + index if temperature > 0 else None, guided=guided)
 
 
+class _TokenGate:
+    """Holds the requests that wait for others' tokens (`BenchRequest.after_tokens`, a surge's long prompts) until
+    the requests without a wait (the sources) have streamed that many tokens in all, or have all ended: a gate
+    never holds a run forever."""
+
+    def __init__(self, sources: int):
+        self._condition = threading.Condition()
+        self._streamed = 0
+        self._sources = sources
+
+    def stream(self, handle) -> RequestOutput:
+        """A source's output, its tokens counted as they stream."""
+        for delta in handle:
+            with self._condition:
+                self._streamed += len(delta.token_ids)
+                self._condition.notify_all()
+        return handle.result()
+
+    def source_ended(self) -> None:
+        with self._condition:
+            self._sources -= 1
+            self._condition.notify_all()
+
+    def wait(self, tokens: int, stop: threading.Event) -> float:
+        """Block until `tokens` have streamed (or every source ended, or `stop` is set); the time it opened."""
+        with self._condition:
+            while self._streamed < tokens and self._sources > 0 and not stop.is_set():
+                self._condition.wait(CANCEL_POLL_S)
+        return time.perf_counter()
+
+
 def send(engine, requests: list[BenchRequest], concurrency: int, temperature: float, ignore_eos: bool, seed: int,
          *, top_p: float = 1.0, top_k: int = 0, cancel: threading.Event | None = None,
          on_output: Callable[[int, RequestOutput], None] | None = None,
+         on_submit: Callable[[int, float], None] | None = None,
          guided: GuidedDecoding | None = None) -> tuple[list, float]:
     """Submit every request (at most `concurrency` in flight, each not before its arrival offset).
 
     Request i samples with seed `seed + i` when the temperature is above 0, so two configurations given
     the same arguments draw from the same seeds. Returns the outputs in request order and the duration
     from the first submission to the last completion. Once `cancel` is set, nothing more is sent and
-    the requests in flight are cancelled; an unsent request's output is None. `on_output(index,
-    output)` is called (on a worker thread) as each request finishes.
+    the requests in flight are cancelled; an unsent request's output is None. `on_submit(index, sent)`
+    (`time.perf_counter()` just before `Engine.submit`) and `on_output(index, output)` are called on a
+    worker thread as each request is submitted and as it finishes. A request with `after_tokens` waits
+    for the others' streamed tokens (`_TokenGate`), then for its `arrival` offset; such requests queue
+    behind all the others, so they never hold the threads the others need.
     """
     outputs: list = [None] * len(requests)
     submitted: list[float] = []
@@ -54,23 +90,33 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
     in_flight: dict[int, object] = {}
     lock = threading.Lock()
     stop = cancel or threading.Event()
+    gate = _TokenGate(sum(not request.after_tokens for request in requests)) \
+        if any(request.after_tokens for request in requests) else None
     start = time.perf_counter()
 
     def run(index: int) -> None:
         request = requests[index]
-        delay = start + request.arrival - time.perf_counter()
-        if (delay > 0 and stop.wait(delay)) or stop.is_set():
-            return
-        params = _sampling(request, index, temperature, ignore_eos, seed, top_p, top_k, guided)
-        sent = time.perf_counter()
-        handle = engine.submit(request.prompt, params)
-        with lock:
-            submitted.append(sent)
-            in_flight[index] = handle
-            late = stop.is_set()  # cancelled while submitting: the canceller did not see this handle
-        if late:
-            handle.cancel()
-        output = handle.result()
+        source = gate is not None and not request.after_tokens
+        try:
+            opened = gate.wait(request.after_tokens, stop) if request.after_tokens else start
+            delay = opened + request.arrival - time.perf_counter()
+            if (delay > 0 and stop.wait(delay)) or stop.is_set():
+                return
+            params = _sampling(request, index, temperature, ignore_eos, seed, top_p, top_k, guided)
+            sent = time.perf_counter()
+            handle = engine.submit(request.prompt, params)
+            with lock:
+                submitted.append(sent)
+                in_flight[index] = handle
+                late = stop.is_set()  # cancelled while submitting: the canceller did not see this handle
+            if late:
+                handle.cancel()
+            if on_submit is not None:
+                on_submit(index, sent)
+            output = gate.stream(handle) if source else handle.result()
+        finally:
+            if source:
+                gate.source_ended()
         with lock:
             completed.append(time.perf_counter())
             del in_flight[index]
@@ -78,8 +124,9 @@ def send(engine, requests: list[BenchRequest], concurrency: int, temperature: fl
         if on_output is not None:
             on_output(index, output)
 
+    order = sorted(range(len(requests)), key=lambda i: bool(requests[i].after_tokens))  # stable: sources first
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests)))) as pool:
-        pending = {pool.submit(run, i) for i in range(len(requests))}
+        pending = {pool.submit(run, i) for i in order}
         cancelled = False
         while pending:
             done, pending = wait(pending, timeout=CANCEL_POLL_S if cancel else None, return_when=FIRST_COMPLETED)
@@ -142,7 +189,8 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
     `request_goodput`. A cancelled run (`cancel` set) summarizes the requests that finished before it;
     `cancelled_requests` counts the others. With `roofline`, the run's prefill and decode steps are placed
     against the device's ceilings (`engine.tools.roofline.roofline_figures`). With `guided`, every request of the
-    workload (not the warm-up) decodes under that structured-output grammar.
+    workload (not the warm-up) decodes under that structured-output grammar. A workload with a surge adds each
+    request class's figures and the chat users' gaps split by the surge (`engine.tools.surge.class_figures`).
     """
     vocab = engine.info.vocab_size
     if warmup:
@@ -150,9 +198,11 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
              top_p=top_p, top_k=top_k, cancel=cancel)
     before = engine.stats()
     requests = build_workload(spec, vocab) if requests is None else requests
+    sent_at: list[float | None] = [None] * len(requests)
     started, cpu_started = time.perf_counter(), time.process_time()
     outputs, duration = send(engine, requests, concurrency, temperature, ignore_eos, spec.seed, top_p=top_p,
-                             top_k=top_k, cancel=cancel, on_output=on_output, guided=guided)
+                             top_k=top_k, cancel=cancel, on_output=on_output, on_submit=sent_at.__setitem__,
+                             guided=guided)
     cpu_seconds = time.process_time() - cpu_started
     decode_profile = engine.decode_profile(since=started) if profile else None
     placed = roofline_figures(engine, started) if roofline else {}
@@ -198,6 +248,8 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
         "kv_bytes_per_token": info.kv_bytes_per_token,
         **placed,
     })
+    if any(request.label == SURGE for request in requests):
+        result.update(class_figures(requests, outputs, sent_at, goodput_slos))
     if quality is not None:
         result.update({"perplexity": quality.perplexity, "perplexity_tokens": quality.tokens,
                        "perplexity_seconds": quality.seconds, "perplexity_text": quality.source})
@@ -219,11 +271,13 @@ def source_revision() -> str | None:
 def bench_report(result: dict, spec: WorkloadSpec, concurrency: int, temperature: float, ignore_eos: bool,
                  preset: str | None, goodput_slos: dict[str, float] | None = None) -> dict:
     """One configuration's result as `python -m engine.bench --json` writes it: the result, the workload that
-    produced it (an infinite request rate written as the string "inf"), the device and the source revision."""
+    produced it (an infinite request rate, its own or its surge's, written as the string "inf"), the device and
+    the source revision."""
     workload = {**asdict(spec), "concurrency": concurrency, "temperature": temperature, "ignore_eos": ignore_eos,
                 "goodput_slos": dict(goodput_slos or {})}
-    if workload["request_rate"] == float("inf"):
-        workload["request_rate"] = str(spec.request_rate)
+    for arrivals in filter(None, (workload, workload["surge"])):
+        if arrivals["request_rate"] == float("inf"):
+            arrivals["request_rate"] = "inf"
     return {**result, "preset": preset, "workload": workload, "device_name": describe_device(),
             "torch_threads": torch.get_num_threads(), "source_revision": source_revision()}
 
