@@ -47,11 +47,13 @@ import torch
 from engine.config import EngineConfig
 from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_device, summarize
 from engine.core.request import RequestOutput
-from engine.errors import EngineError
+from engine.errors import ConfigError, EngineError
 from engine.hub import PROJECT_ROOT
 from engine.overrides import parse_sets, parse_setting
 from engine.presets import load_preset
 from engine.sampling_params import SamplingParams
+from engine.tools.export import TARGETS as EXPORT_TARGETS
+from engine.tools.export import export_command, format_export
 from engine.tools.measure import bench_report, measure_engine, send
 from engine.tools.roofline import ceilings_cache_path, device_ceilings
 from engine.tools.surge import SURGE_RATIO_KEYS, SURGE_TABLE_KEYS, headline, reference_figures
@@ -473,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure the ceilings again (keeping the best of each) before using them")
     parser.add_argument("--make-random-model", metavar="FOLDER", type=Path,
                         help="only build random-llama-20m into FOLDER and exit")
+    parser.add_argument("--export", choices=sorted(EXPORT_TARGETS),
+                        help="only print the equivalent launch command of this serving engine for the configuration "
+                             "(--preset, --set, --model), each setting mapped or named as unmapped, and exit")
     return parser
 
 
@@ -495,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.make_random_model:
         folder = make_random_model("random-llama-20m", args.make_random_model)
         print(f"random-llama-20m saved in {folder}")
+        return 0
+    if args.export:
+        try:
+            config = build_config(args.preset, parse_sets(args.sets), args.model)
+        except ConfigError as error:
+            parser.error(str(error))
+        print(format_export(export_command(config, args.export)))
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Take a configuration to a cluster: the `vllm serve` or SGLang launch command equivalent to an `EngineConfig`.
 
-    python -m engine.tools.export --target vllm|sglang [--preset P] [--set k=v ...] [--model M]
+    python -m engine.bench --export vllm|sglang [--preset P] [--set k=v ...] [--model M]
 
 Flags change between releases, so each target names the version its flags were checked against
 (`TARGETS`; docs/export.md says where). Every `EngineConfig` field gets a row: the flag it became, or
@@ -10,11 +10,9 @@ named only as a suggestion, never put in the command). Nothing here runs anythin
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -368,31 +366,3 @@ def format_export(result: ExportResult) -> str:
         lines += [f"- {row.field}={row.value!r}: {row.note}" for row in result.unmapped]
     lines += [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine.tools.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True, choices=sorted(TARGETS))
-    parser.add_argument("--preset", help="optimization preset name (presets/NAME.toml) or path")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field (repeatable)")
-    parser.add_argument("--model", help="shortcut for --set model=...")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from engine.overrides import parse_sets
-    from engine.tools.bench import build_config
-
-    args = build_parser().parse_args(argv)
-    try:
-        config = build_config(args.preset, parse_sets(args.sets), args.model)
-        print(format_export(export_command(config, args.target)))
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,8 @@ import pytest
 from engine.config import EngineConfig
 from engine.errors import ConfigError
 from engine.presets import list_presets, load_preset
-from engine.tools.export import TARGETS, export_command, format_export, main
+from engine.tools.bench import main
+from engine.tools.export import TARGETS, export_command, format_export
 
 PRESETS = list_presets()
 
@@ -133,8 +134,9 @@ def test_unknown_target_is_refused():
 
 
 def test_cli(capsys):
-    assert main(["--target", "vllm", "--preset", "no-prefix-cache", "--set", "max_num_seqs=4"]) == 0
+    assert main(["--export", "vllm", "--preset", "no-prefix-cache", "--set", "max_num_seqs=4"]) == 0
     out = capsys.readouterr().out
     assert "vllm serve" in out and "--no-enable-prefix-caching" in out and "--max-num-seqs 4" in out
-    assert main(["--target", "sglang", "--set", "block_size=3"]) == 2
-    assert "block_size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        main(["--export", "sglang", "--set", "block_size=3"])
+    assert refused.value.code == 2 and "block_size" in capsys.readouterr().err
