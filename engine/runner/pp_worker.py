@@ -1,0 +1,230 @@
+"""One pipeline stage process: a contiguous range of decoder layers, their part of the KV pool, and its hand-overs.
+
+`PipelineExecutor` starts N of these through a `WorkerGang` (heartbeats, fatal errors and a clean
+exit are `worker_process.py`'s). Stage k holds decoder layers [a_k, b_k) (split as evenly as
+possible, earlier stages taking the remainder); stage 0 also the embeddings, the last stage the
+final norm and the LM head (and, with tied embeddings, the embedding matrix it shares). Only those
+tensors are read from the checkpoint. Its KV pool has the engine's number of blocks but only its
+own layers, so the block tables the engine's one BlockManager hands out are valid on every stage.
+
+Every stage takes each micro-batch's `StepPlan` from the engine over its own pipe (plain data, in
+the same order on every stage). Stage 0 embeds the tokens; every other stage receives the hidden
+states [tokens, hidden] from the stage before with `torch.distributed.recv` (the shape follows from
+the plan), runs its layers, and sends the result on with `isend` (so it can start on the next
+micro-batch while the next stage takes this one); the last stage sends the logits back over its
+pipe. Each stage times its own work (busy: from having its input to handing on its output) and
+forwards those spans with the hidden states, so the engine gets every stage's spans of a micro-batch
+with its logits, on one clock (CLOCK_MONOTONIC is system-wide).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from engine.core.metrics import peak_memory_bytes
+from engine.model.attention import make_attention
+from engine.model.linear import BuildContext
+from engine.model.llama import LlamaForCausalLM
+from engine.model.rotary import rope_cos_sin
+from engine.model.weights import load_weights
+from engine.quant.methods import linear_method_factory, lm_head_method_factory
+from engine.quant.storage import weight_storage_bytes
+from engine.runner.block_tables import BlockTables
+from engine.runner.build import RunnerSettings
+from engine.runner.kv_cache import KVCache
+from engine.runner.model_runner import ModelRunner
+from engine.runner.step_plan import StepPlan
+from engine.runner.worker_process import STOP, join_default_group, run_worker_process
+
+SPAN_FIELDS = 3  # start, end, bytes sent on: what each stage adds to a micro-batch's timing record
+
+
+def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
+    """[start, stop) of each stage's decoder layers: contiguous, sizes differing by at most one."""
+    base, extra = divmod(num_layers, stages)
+    ranges, start = [], 0
+    for stage in range(stages):
+        stop = start + base + (stage < extra)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """Who this stage is, which layers it holds and where to meet its peers."""
+
+    stage: int
+    size: int
+    layers: tuple[int, int]
+    store_port: int
+    threads: int
+    parent_pid: int
+    settings: RunnerSettings
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.size - 1
+
+
+def build_stage_model(spec: StageSpec) -> LlamaForCausalLM:
+    """This stage's part of the model, loaded: its layers (renumbered from 0), and the ends it holds.
+
+    The model is built with only this stage's layers; the embedding, final norm and LM head are built
+    and then dropped where the stage does not use them (a transient cost of two vocabulary-sized
+    matrices on middle stages); checkpoint tensors of other stages are skipped, never read.
+    """
+    settings = spec.settings
+    start, stop = spec.layers
+    keep_embedding = spec.first or (spec.last and settings.spec.tie_word_embeddings)
+    attention = make_attention(settings.attention, settings.spec.head_dim, settings.block_size)
+    build = BuildContext(settings.dtype, settings.device,
+                         linear_method=linear_method_factory(settings.quantization, settings.device, settings.dtype),
+                         lm_head_method=lm_head_method_factory(settings.quantization),
+                         cpu_kernels=settings.cpu_kernels)
+    cos, sin = rope_cos_sin(settings.hf_config, settings.max_model_len)
+    model = LlamaForCausalLM(settings.spec.replace(num_layers=stop - start), attention, build, cos, sin)
+    if not keep_embedding:
+        model.model.embed_tokens = None
+    if not spec.last:
+        model.model.norm = None
+        model.lm_head = None
+
+    def rename(name: str) -> str | None:
+        if name.startswith("model.layers."):
+            index, rest = name[len("model.layers."):].split(".", 1)
+            return f"model.layers.{int(index) - start}.{rest}" if start <= int(index) < stop else None
+        if name.startswith("model.embed_tokens."):
+            return name if keep_embedding else None
+        if name.startswith(("model.norm.", "lm_head.")):
+            return name if spec.last else None
+        return name
+
+    load_weights(model, Path(settings.path), rename)
+    return model.eval()
+
+
+class StageRunner(ModelRunner):
+    """A `ModelRunner` over one stage's layers: the same step preparation (positions, slots, block tables),
+    then embeddings (first stage) or the received hidden states, the stage's layers, and hidden states out
+    (or, on the last stage, the final norm and the scored positions' logits). No fused decode or CUDA graphs:
+    those run every layer of the model in one call."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, settings: RunnerSettings, first: bool,
+                 last: bool):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = kv_cache.block_size
+        self.device = settings.device
+        self.attention = model.model.layers[0].self_attn.attention
+        self.decode_graphs = None
+        self.fused_decode = None
+        self.block_tables = BlockTables(-(-settings.max_model_len // self.block_size), settings.device)
+        self.first = first
+        self.last = last
+
+    @torch.inference_mode()
+    def run_stage(self, plan: StepPlan, hidden: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states [tokens, hidden] out of this stage's layers, or on the last stage float32 logits."""
+        input_ids, positions, meta, logit_rows = self.prepare(plan)
+        model = self.model
+        if self.first:
+            hidden = model.model.embed_tokens(input_ids)
+        cos = model.rope_cos[positions].to(hidden.dtype).unsqueeze(1)
+        sin = model.rope_sin[positions].to(hidden.dtype).unsqueeze(1)
+        for layer, (k_cache, v_cache) in zip(model.model.layers, self.kv_cache.layers, strict=True):
+            hidden = layer(hidden, cos, sin, k_cache, v_cache, meta)
+        if not self.last:
+            return hidden
+        hidden = model.model.norm(hidden)
+        if logit_rows is not None:
+            hidden = hidden.index_select(0, logit_rows)
+        return model.compute_logits(hidden)
+
+
+class PipelineStage:
+    """Joins the process group, builds this stage's layers and KV pool, then runs micro-batches until told to stop."""
+
+    def __init__(self, spec: StageSpec, command, counters: dict):
+        self.spec = spec
+        self.command = command
+        self.counters = counters
+        counters.update(busy_seconds=0.0, wait_seconds=0.0, micro_batches=0, bytes_sent=0, peak_memory_bytes=0)
+        settings = spec.settings
+        self.cuda = settings.device == "cuda"
+        torch.set_num_threads(spec.threads)
+        if self.cuda:
+            torch.cuda.set_device(spec.stage)
+        join_default_group(spec.store_port, spec.stage, spec.size)
+        # Hidden states go over NCCL between GPUs, over the default gloo group on a CPU; timing records always
+        # travel on the CPU (gloo).
+        self.p2p = dist.new_group(backend="nccl") if self.cuda else None
+        model = build_stage_model(spec)
+        stage_spec = settings.spec.replace(num_layers=spec.layers[1] - spec.layers[0])
+        kv_cache = KVCache(stage_spec, settings.num_blocks, settings.block_size, settings.kv_dtype, settings.device,
+                           head_major=settings.attention != "flash-attn")
+        self.runner = StageRunner(model, kv_cache, settings, spec.first, spec.last)
+        self.hidden_size = settings.spec.hidden_size
+        self.pending: list = []  # (work, tensors) of sends not yet known complete
+
+    def describe(self) -> dict:
+        return {"weights_bytes": weight_storage_bytes(self.runner.model), "kv_cache_bytes": self.runner.kv_cache.nbytes,
+                "threads": torch.get_num_threads(), "layers": self.spec.layers}
+
+    def _receive(self, plan: StepPlan) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The previous stage's hidden states for `plan` and the timing record of the stages before."""
+        spans = torch.empty(SPAN_FIELDS * self.spec.stage, dtype=torch.float64)
+        if self.spec.first:
+            return None, spans
+        hidden = torch.empty((plan.num_tokens, self.hidden_size), dtype=self.spec.settings.dtype,
+                             device=self.spec.settings.device)
+        dist.recv(hidden, src=self.spec.stage - 1, group=self.p2p)
+        dist.recv(spans, src=self.spec.stage - 1)
+        return hidden, spans
+
+    def _send_on(self, hidden: torch.Tensor, spans: torch.Tensor) -> None:
+        for work, _ in self.pending:
+            work.wait()  # the previous micro-batch's hand-over: back-pressure when the next stage is behind
+        self.pending = [(dist.isend(hidden, dst=self.spec.stage + 1, group=self.p2p), hidden),
+                        (dist.isend(spans, dst=self.spec.stage + 1), spans)]
+
+    def serve(self) -> None:
+        while True:
+            waited = time.monotonic()
+            kind, body = self.command.recv()
+            if kind == STOP:
+                break
+            ticket, plan = body
+            hidden, spans = self._receive(plan)
+            started = time.monotonic()
+            out = self.runner.run_stage(plan, hidden)
+            if self.cuda:
+                torch.cuda.synchronize()
+            sent = 0 if self.spec.last else out.numel() * out.element_size() + (spans.numel() + SPAN_FIELDS) * 8
+            ended = time.monotonic()
+            spans = torch.cat([spans, torch.tensor([started, ended, float(sent)], dtype=torch.float64)])
+            if self.spec.last:
+                self.command.send(("logits", ticket, out.cpu().numpy(), spans.numpy()))
+            else:
+                self._send_on(out, spans)
+            self.counters.update(busy_seconds=self.counters["busy_seconds"] + ended - started,
+                                 wait_seconds=self.counters["wait_seconds"] + started - waited,
+                                 micro_batches=self.counters["micro_batches"] + 1,
+                                 bytes_sent=self.counters["bytes_sent"] + sent,
+                                 peak_memory_bytes=peak_memory_bytes(self.spec.settings.device))
+        for work, _ in self.pending:
+            work.wait()
+
+
+def run_stage(spec: StageSpec, command, status) -> None:
+    """The stage process's entry point (spawned)."""
+    run_worker_process(PipelineStage, spec, command, status)
