@@ -30,6 +30,16 @@ def bubble_share(busy: tuple[float, ...] | list[float], active_seconds: float) -
     return idle / (idle + sum(min(b, active_seconds) for b in busy))
 
 
+def window_bubble(spans, stages: int, start: float, end: float) -> float:
+    """The bubble share within [start, end] from a timeline: 1 - (the stages' busy time inside it) / (stages x its
+    length). Used for a steady state, away from the pipeline's fill and drain."""
+    length = end - start
+    if length <= 0:
+        return 0.0
+    busy = sum(max(0.0, min(span.end, end) - max(span.start, start)) for span in spans)
+    return 1.0 - busy / (stages * length)
+
+
 @dataclass(frozen=True)
 class Span:
     """One stage's work on one micro-batch, on the system-wide monotonic clock."""

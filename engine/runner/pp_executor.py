@@ -27,7 +27,7 @@ import torch
 from engine.pipeline_stats import PipelineStats, Span
 from engine.runner.build import RunnerSettings
 from engine.runner.executor import ExecutorStats
-from engine.runner.pp_worker import SPAN_FIELDS, StageSpec, run_stage, stage_layers
+from engine.runner.pp_worker import SPAN_FIELDS, StageSpec, head_cost_in_layers, run_stage, stage_layers
 from engine.runner.step_plan import StepPlan
 from engine.runner.worker_gang import WorkerGang
 from engine.runner.worker_process import STEP
@@ -59,7 +59,7 @@ class PipelineExecutor:
         self.size = size
         self.micro_batches = micro_batches
         self.schedule = schedule
-        self.layers = stage_layers(settings.spec.num_layers, size)
+        self.layers = stage_layers(settings.spec.num_layers, size, head_cost_in_layers(settings.spec))
         self._lock = threading.Lock()
         self._seconds = 0.0
         self._next_ticket = 0

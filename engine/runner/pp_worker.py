@@ -44,15 +44,46 @@ from engine.runner.worker_process import STOP, join_default_group, run_worker_pr
 SPAN_FIELDS = 3  # start, end, bytes sent on: what each stage adds to a micro-batch's timing record
 
 
-def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """[start, stop) of each stage's decoder layers: contiguous, sizes differing by at most one."""
-    base, extra = divmod(num_layers, stages)
-    ranges, start = [], 0
-    for stage in range(stages):
-        stop = start + base + (stage < extra)
+def head_cost_in_layers(spec) -> float:
+    """The LM head's matmul work as a number of decoder layers (both scale with the tokens of a step)."""
+    q = spec.num_heads * spec.head_dim
+    kv = spec.num_kv_heads * spec.head_dim
+    layer = spec.hidden_size * (q + 2 * kv) + q * spec.hidden_size + 3 * spec.hidden_size * spec.intermediate_size
+    return spec.vocab_size * spec.hidden_size / layer
+
+
+def _even(count: int, parts: int, start: int = 0) -> list[tuple[int, int]]:
+    base, extra = divmod(count, parts)
+    ranges = []
+    for part in range(parts):
+        stop = start + base + (part < extra)
         ranges.append((start, stop))
         start = stop
     return ranges
+
+
+def stage_layers(num_layers: int, stages: int, head_cost: float = 0.0) -> list[tuple[int, int]]:
+    """[start, stop) of each stage's decoder layers: contiguous, at least one each, such that the most loaded stage
+    has as little work as possible when the last stage also computes the LM head (`head_cost` layers' worth).
+
+    The smallest feasible bound on a stage's work is found among the values a stage can have; the last stage then
+    takes as many layers as fit under it (at least one), and the others share the rest evenly, earlier ones taking
+    any remainder. With no head cost the sizes differ by at most one."""
+    if stages == 1:
+        return [(0, num_layers)]
+
+    def last_size(bound: float) -> int:
+        return min(int(bound - head_cost + 1e-9), num_layers - stages + 1)
+
+    def feasible(bound: float) -> bool:
+        last = last_size(bound)
+        return last >= 1 and num_layers - last <= (stages - 1) * int(bound + 1e-9)
+
+    candidates = sorted({float(size) for size in range(1, num_layers + 1)}
+                        | {size + head_cost for size in range(1, num_layers + 1)})
+    bound = next(value for value in candidates if feasible(value))
+    last = last_size(bound)
+    return _even(num_layers - last, stages - 1) + [(num_layers - last, num_layers)]
 
 
 @dataclass(frozen=True)
