@@ -32,7 +32,7 @@ from engine.runner.step_plan import StepPlan
 from engine.runner.worker_gang import WorkerGang
 from engine.runner.worker_process import STEP
 
-TIMELINE_SPANS = 512  # the most recent stage spans kept for the timeline
+TIMELINE_SPANS = 2048  # the most recent stage spans kept for the timeline
 
 
 def pipeline_micro_batches(config) -> int:

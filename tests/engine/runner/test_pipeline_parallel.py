@@ -55,7 +55,7 @@ def test_layers_split_contiguously_with_the_lm_head_counted():
     assert stage_layers(2, 2) == [(0, 1), (1, 2)]
     assert stage_layers(4, 2) == [(0, 2), (2, 4)]
     assert stage_layers(7, 3) == [(0, 2), (2, 4), (4, 7)]
-    # random-llama-20m: the LM head is ~1.45 layers of matmul work, so the last stage takes one layer of four
+    # an LM head worth 1.45 layers: the last stage takes one layer of four
     assert stage_layers(4, 2, 1.45) == [(0, 3), (3, 4)]
     assert stage_layers(4, 2, 0.5) == [(0, 2), (2, 4)]
     assert stage_layers(2, 2, 5.0) == [(0, 1), (1, 2)]  # every stage keeps a layer
@@ -65,11 +65,12 @@ def test_layers_split_contiguously_with_the_lm_head_counted():
         assert all(ranges[i][1] == ranges[i + 1][0] for i in range(stages - 1))
 
 
-def test_head_cost_counts_matmul_weights():
+def test_head_cost_counts_matmul_weights_at_half_a_layer_weight_s_time():
     from engine.model.spec import ModelSpec
     spec = ModelSpec("LlamaForCausalLM", 8192, 512, 4, 8, 4, 64, 1376, 1e-5, False, False, False, False, 4096, None)
     # layer: 512 x (512 + 2 x 256) + 512 x 512 + 3 x 512 x 1376 = 2.88M; head: 8192 x 512 = 4.19M
-    assert head_cost_in_layers(spec) == pytest.approx(8192 * 512 / (512 * 1024 + 512 * 512 + 3 * 512 * 1376))
+    assert head_cost_in_layers(spec) == pytest.approx(0.5 * 8192 * 512 / (512 * 1024 + 512 * 512 + 3 * 512 * 1376))
+    assert stage_layers(4, 2, head_cost_in_layers(spec)) == [(0, 2), (2, 4)]
 
 
 def test_micro_batches_split_evenly_in_order():
