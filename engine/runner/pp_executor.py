@@ -3,8 +3,8 @@
 Design (docs/pipeline-parallelism.md): every stage is a worker process (`pp_worker.py`) supervised by
 a `WorkerGang`, like tensor-parallel ranks (heartbeats, a dead stage failing callers within seconds
 naming its stage and cause, nothing left after `close()`). The engine sends each micro-batch's plan
-(plain data) to every stage over its pipe; hidden states go stage k -> k+1 with torch.distributed
-point-to-point; the last stage sends the logits back over its pipe. The engine's process never sits
+(plain data) to every stage over its pipe; hidden states go stage k -> k+1 over a pipe between the two
+(NCCL point-to-point on GPUs); the last stage sends the logits back over its pipe. The engine's process never sits
 in a collective, only on pipes it polls for failure.
 
 Two ways in:
@@ -23,6 +23,7 @@ from collections import deque
 
 import numpy as np
 import torch
+import torch.multiprocessing as mp
 
 from engine.pipeline_stats import PipelineStats, Span
 from engine.runner.build import RunnerSettings
@@ -72,10 +73,21 @@ class PipelineExecutor:
         self._run = 0
         self._timeline: deque[Span] = deque(maxlen=TIMELINE_SPANS)
         threads = max(1, torch.get_num_threads() // size)
-        self.gang = WorkerGang(
-            f"pipeline_parallel_size={size}", [f"pipeline stage {stage}" for stage in range(size)],
-            lambda stage, port, parent: StageSpec(stage, size, self.layers[stage], port, threads, parent, settings),
-            run_stage, set(range(size)))
+        # One-way pipes stage k -> k+1 (hand-overs); this process drops its copies once the stages have theirs,
+        # so a stage whose neighbour dies reads end-of-file instead of waiting.
+        links = [mp.get_context("spawn").Pipe(duplex=False) for _ in range(size - 1)]
+        try:
+            self.gang = WorkerGang(
+                f"pipeline_parallel_size={size}", [f"pipeline stage {stage}" for stage in range(size)],
+                lambda stage, port, parent: StageSpec(
+                    stage, size, self.layers[stage], port, threads, parent, settings,
+                    link_in=links[stage - 1][0] if stage > 0 else None,
+                    link_out=links[stage][1] if stage < size - 1 else None),
+                run_stage, set(range(size)))
+        finally:
+            for receive, send in links:
+                receive.close()
+                send.close()
 
     @property
     def in_flight(self) -> int:
@@ -102,13 +114,14 @@ class PipelineExecutor:
         self._seconds += time.perf_counter() - started
         return torch.from_numpy(self._done.pop(ticket))
 
-    def _account(self, ticket: int, spans: np.ndarray) -> None:
+    def _account(self, ticket: int, spans: list[float]) -> None:
         now = time.monotonic()
         self._in_flight.remove(ticket)
         self._active += now - self._mark
         self._mark = now if self._in_flight else None
         self._run += 1
-        for stage, (start, end, sent) in enumerate(spans.reshape(self.size, SPAN_FIELDS).tolist()):
+        for stage in range(self.size):
+            start, end, sent = spans[SPAN_FIELDS * stage:SPAN_FIELDS * (stage + 1)]
             self._busy[stage] += end - start
             self._bytes += int(sent)
             self._timeline.append(Span(stage, ticket, start, end))
