@@ -24,6 +24,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import ConfigError, Engine, EngineConfig, SamplingParams, unavailable_reason
+from engine.core.block_manager import BlockManager
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
 from engine.host import cpu_cores
 from engine.pipeline_stats import PipelineStats, Span, bubble_share, textbook_bubble, window_bubble
 from engine.plan import _check_pipeline
@@ -116,6 +120,33 @@ def test_figures_since_an_earlier_snapshot():
     assert (window.micro_batches_run, window.active_seconds, window.bytes_between_stages) == (6, 2.0, 300)
     assert window.stage_busy_seconds == pytest.approx((1.0, 1.4))
     assert window.bubble_share == pytest.approx((1.0 + 0.6) / 4.0)
+
+
+def test_the_scheduler_skips_and_never_preempts_in_flight_requests():
+    """Three running requests, one block free: the next to grow must preempt someone, and the in-flight ones are
+    neither scheduled nor chosen; the most recent request not in flight is."""
+    manager = BlockManager(7, 4, prefix_caching=False)
+    scheduler = Scheduler(manager, "continuous", max_num_seqs=4, max_num_batched_tokens=64)
+    params = SamplingParams(max_tokens=50, ignore_eos=True)
+    requests = [Request(list(range(1, 9)), params, frozenset(), 1000, IncrementalDetokenizer(None, [1]), seed=0)
+                for _ in range(3)]
+    for request in requests:
+        scheduler.add(request)
+    first = scheduler.schedule()
+    assert [item.request for item in first] == requests and manager.num_free_blocks == 1
+    for item in first:
+        item.request.append_tokens([9], now=0.0)
+    scheduler.complete_step(first)
+    in_flight = {requests[1].request_id, requests[2].request_id}
+    [item] = scheduler.schedule(busy=in_flight)  # requests[0] grows into the free block
+    assert item.request is requests[0] and scheduler.num_preemptions == 0
+    item.request.append_tokens([9] * 4, now=1.0)
+    scheduler.complete_step([item])
+    assert scheduler.schedule(busy=in_flight | {requests[0].request_id}) == []
+    # requests[0] needs a fourth block and none is free: the only request it may preempt is itself
+    assert scheduler.schedule(busy=in_flight) == []
+    assert scheduler.num_preemptions == 1 and list(scheduler.waiting) == [requests[0]]
+    assert scheduler.running == requests[1:]
 
 
 # ---- equality: N=2 equals N=1 -----------------------------------------------------------------------
