@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.pipeline_stats import PipelineStats
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -73,6 +75,11 @@ class EngineStats:
     executor_seconds: float = 0.0
     collective_seconds: float = 0.0
     collective_share: float = 0.0
+    # Pipeline parallelism (docs/pipeline-parallelism.md): the rank_* tuples above then have one entry per stage, and
+    # `pipeline` holds per stage busy and idle time, the measured and textbook bubble, bytes between stages and
+    # a recent timeline (None with one stage).
+    pipeline_parallel_size: int = 1
+    pipeline: PipelineStats | None = None
     # Speculative decoding (vLLM's counters): verification steps with proposals, tokens proposed, accepted,
     # accepted per verification step, and how often each proposal position was accepted.
     spec_num_drafts: int = 0

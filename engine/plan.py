@@ -203,6 +203,7 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
                                     spec.intermediate_size)
     if reason:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size}: {reason}")
+    _check_pipeline(config, spec)
     level = check_level(config.quantization, dtype)
     level_notice = _level_notice(level, config, spec, dtype, device)
     if level_notice:
@@ -228,6 +229,9 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
         raise ConfigError(f"kv_cache_bytes={budget} cannot hold one sequence of max_model_len={max_model_len} "
                           f"tokens (needs {one_sequence} bytes); raise it or lower max_model_len")
     graphs = config.cuda_graphs and device == "cuda" and attention == "flash-attn"
+    if graphs and config.pipeline_parallel_size > 1:
+        graphs = False
+        notices.append("CUDA graphs are off under pipeline parallelism (a stage runs part of the layers)")
     if graphs and size > 1:
         graphs = False
         notices.append("CUDA graphs are off under tensor parallelism (not captured with collectives inside)")
@@ -238,6 +242,17 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
         num_kv_blocks=budget // block_bytes, kv_block_bytes=block_bytes,
         kv_bytes_per_token=kv_block_bytes(spec, 1, kv_dtype, size), num_kv_heads=spec.num_kv_heads,
         vocab_size=spec.vocab_size, spec=spec, draft=draft, notices=tuple(notices))
+
+
+def _check_pipeline(config: EngineConfig, spec: ModelSpec) -> None:
+    """Pipeline stages need a layer each at least, and are not composed with tensor parallelism (yet)."""
+    stages = config.pipeline_parallel_size
+    if stages > spec.num_layers:
+        raise ConfigError(f"pipeline_parallel_size={stages}: this model has {spec.num_layers} decoder layer(s), "
+                          "and each stage needs at least one; use at most as many stages as layers")
+    if stages > 1 and config.tensor_parallel_size > 1:
+        raise ConfigError(f"pipeline_parallel_size={stages} with tensor_parallel_size={config.tensor_parallel_size}: "
+                          "stages of tensor-parallel ranks are not built; use one or the other")
 
 
 def _level_notice(level: QuantLevel | None, config: EngineConfig, spec: ModelSpec, dtype: torch.dtype,

@@ -11,9 +11,10 @@ running requests, the scheduler appends them after each request's new token, and
 rule replaces sampling: each request takes its accepted proposals plus one token of the target's.
 A draft model runs as a second native model whose KV pool shares the target's block tables.
 
-The target model runs behind an executor (`engine/runner/executor.py`): in this process, or
-sharded over `tensor_parallel_size` worker processes. The scheduler, block manager, proposer and
-sampler stay here either way; with N ranks a block's bytes are every rank's share of it together.
+The target model runs behind an executor (`engine/runner/executor.py`): in this process, sharded
+over `tensor_parallel_size` worker processes, or split into `pipeline_parallel_size` stages. The
+scheduler, block manager, proposer and sampler stay here either way; with N ranks a block's bytes
+are every rank's share of it together.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from engine.backends.base import next_token_log_probs
+from engine.backends.pipelined import PipelinedStepper
 from engine.core.block_manager import BlockManager
 from engine.core.logprobs import LogprobRow, TokenLogprob, token_logprobs
 from engine.core.metrics import peak_memory_bytes
@@ -44,6 +46,7 @@ from engine.runner.cuda_graphs import DecodeGraphs
 from engine.runner.executor import Executor, LocalExecutor
 from engine.runner.kv_cache import KVCache, bytes_per_block
 from engine.runner.model_runner import ModelRunner
+from engine.runner.pp_executor import PipelineExecutor, pipeline_micro_batches
 from engine.runner.profiler import DecodeProfile, summarize_decode
 from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
 from engine.runner.tp_executor import TensorParallelExecutor
@@ -65,8 +68,12 @@ def runner_settings(plan: EnginePlan) -> RunnerSettings:
 
 
 def make_executor(plan: EnginePlan) -> Executor:
-    """The model in this process for one rank, in worker processes for more."""
+    """The model in this process for one rank, in worker processes for more (ranks or pipeline stages)."""
     settings = runner_settings(plan)
+    if plan.config.pipeline_parallel_size > 1:
+        config = plan.config
+        return PipelineExecutor(settings, config.pipeline_parallel_size, pipeline_micro_batches(config),
+                                config.pipeline_schedule)
     if plan.config.tensor_parallel_size == 1:
         return LocalExecutor(settings)
     return TensorParallelExecutor(settings, plan.config.tensor_parallel_size)
@@ -114,11 +121,16 @@ class NativeBackend:
         self.steps = 0
         # Sections are timed on this thread: the model must run here (one process) and synchronously (a CPU).
         self.profiler = StepProfiler(enabled=self.device == "cpu" and isinstance(self.executor, LocalExecutor))
+        # Overlapped pipeline stages keep several micro-batches in flight across steps (engine/backends/pipelined.py).
+        self.pipeline = (PipelinedStepper(self, self.executor) if isinstance(self.executor, PipelineExecutor)
+                         and config.pipeline_schedule == "overlap" else None)
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
 
     def abort(self, request: Request) -> None:
+        if self.pipeline is not None and self.pipeline.defer_removal(request):
+            return  # its micro-batch is in flight: it leaves when that comes back
         self._remove(request)
 
     def _remove(self, request: Request) -> None:
@@ -134,6 +146,9 @@ class NativeBackend:
 
     def step(self, record: Callable[[StepRecord], None]) -> None:
         """One engine step. A model failure fails the step's requests; the others keep going."""
+        if self.pipeline is not None:
+            self.pipeline.step(record)
+            return
         started = time.perf_counter()
         self.profiler.start_step()
         if self.speculator:
@@ -148,9 +163,15 @@ class NativeBackend:
             return
         plan = plan_step(scheduled)
         self.profiler.lap("schedule")
+        self._run_and_deliver(scheduled, plan, started, proposed, record, lambda: self.executor.execute(plan))
+
+    def _run_and_deliver(self, scheduled: list[ScheduledRequest], plan: StepPlan, started: float, proposed: float,
+                         record: Callable[[StepRecord], None], run: Callable[[], torch.Tensor]) -> None:
+        """The rest of a step once its plan is made: `run()` gives the logits (the completing requests' rows, in
+        order), then sample, deliver, record, and commit the computed blocks."""
         completing = [item for item in scheduled if item.num_logits]
         try:
-            logits = self.executor.execute(plan)
+            logits = run()
             self.profiler.lap("execute")
             raw, masked = self._apply_grammars(completing, logits)
             self.profiler.lap("guided_mask")
@@ -317,12 +338,13 @@ class NativeBackend:
             draft_kv_blocks_total=manager.num_blocks if draft_kv else 0,
             draft_kv_blocks_free=manager.num_free_blocks if draft_kv else 0,
             notes=(f"model steps fail: {executor.failure}",) if executor.failure else (),
-            tensor_parallel_size=executor.size, rank_pids=tuple(executor.rank_pids),
+            tensor_parallel_size=1 if executor.pipeline else executor.size, rank_pids=tuple(executor.rank_pids),
             rank_weights_bytes=tuple(executor.rank_weights_bytes),
             rank_kv_cache_bytes=tuple(executor.rank_kv_cache_bytes), rank_threads=tuple(executor.rank_threads),
             rank_collective_seconds=tuple(executor.rank_collective_seconds),
             executor_seconds=executor.executor_seconds, collective_seconds=executor.collective_seconds,
-            collective_share=executor.collective_share)
+            collective_share=executor.collective_share,
+            pipeline_parallel_size=executor.pipeline.stages if executor.pipeline else 1, pipeline=executor.pipeline)
 
     def close(self) -> None:
         self.executor.close()

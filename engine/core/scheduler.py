@@ -99,16 +99,19 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def _schedule_running(self, budget: int) -> tuple[list[ScheduledRequest], int]:
+    def _schedule_running(self, budget: int, busy: frozenset[int] | set[int]) -> tuple[list[ScheduledRequest], int]:
         scheduled: list[ScheduledRequest] = []
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
+            if request.request_id in busy:
+                index += 1
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             speculative = self._take_speculative(request, num_new, budget, len(self.running) - index - 1)
             target = request.num_computed_tokens + num_new + len(speculative)
             while not self.block_manager.can_grow(request.request_id, target):
-                victim = self.running[-1]
+                victim = next(r for r in reversed(self.running) if r.request_id not in busy)  # `request` at worst
                 self._preempt(victim)
                 if victim is request:
                     break
@@ -156,9 +159,13 @@ class Scheduler:
                 scheduled.append(ScheduledRequest.of(request, num_new, self.block_manager))
                 budget -= num_new
 
-    def schedule(self) -> list[ScheduledRequest]:
-        """This step's requests and how many new tokens each computes."""
-        scheduled, budget = self._schedule_running(self.max_num_batched_tokens)
+    def schedule(self, busy: frozenset[int] | set[int] = frozenset()) -> list[ScheduledRequest]:
+        """This step's requests and how many new tokens each computes.
+
+        `busy`: ids of running requests whose previous step is still being computed (a pipeline's
+        in-flight micro-batch): they are neither scheduled nor preempted now, but count as running.
+        """
+        scheduled, budget = self._schedule_running(self.max_num_batched_tokens, busy)
         if self.batching == "continuous" or not self.running:
             self._admit(budget, scheduled)
         self.peak_running = max(self.peak_running, len(self.running))

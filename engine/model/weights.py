@@ -9,6 +9,7 @@ pickles), and shard files named by an index must lie inside the model folder.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -50,8 +51,11 @@ def checkpoint_target(model: torch.nn.Module, name: str) -> tuple[str, object]:
     return name, None
 
 
-def load_weights(model: torch.nn.Module, path: Path) -> None:
-    """Fill every parameter of `model` from the checkpoint in `path`, then let layers finish their weights."""
+def load_weights(model: torch.nn.Module, path: Path, rename: Callable[[str], str | None] | None = None) -> None:
+    """Fill every parameter of `model` from the checkpoint in `path`, then let layers finish their weights.
+
+    `rename` maps a checkpoint name to the name in `model`, or to None for a tensor this model does not hold (a
+    pipeline stage holds some of the layers, renumbered from 0): such tensors are never read."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[tuple[str, object]] = set()
     for file in safetensors_files(path):
@@ -59,7 +63,10 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
             for checkpoint_name in checkpoint.keys():
                 if any(part in checkpoint_name for part in model.ignored_checkpoint_tensors):
                     continue
-                name, shard_id = checkpoint_target(model, checkpoint_name)
+                target_name = rename(checkpoint_name) if rename else checkpoint_name
+                if target_name is None:
+                    continue
+                name, shard_id = checkpoint_target(model, target_name)
                 param = params.get(name)
                 if param is None:
                     raise ModelLoadError(f"unexpected weight {checkpoint_name!r} in {file.name}")

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from engine.pipeline_stats import PipelineStats
 from engine.quant.storage import weight_storage_bytes
 from engine.runner.build import RunnerSettings, build_runner
 from engine.runner.model_runner import ModelRunner
@@ -28,7 +29,8 @@ class ExecutorStats:
     `executor_seconds` is the engine's wall time inside `execute` (model steps, plus on N ranks
     the hand-over of plans and logits); `collective_seconds` is rank 0's time inside the model's
     all-reduce / all-gather calls, waiting for the other ranks included. `failure` says why the
-    executor can no longer run steps (a worker died or hung), None while it can.
+    executor can no longer run steps (a worker died or hung), None while it can. With pipeline
+    parallelism the per-rank lists have one entry per stage and `pipeline` holds the stages' figures.
     """
 
     rank_pids: list[int]
@@ -39,6 +41,7 @@ class ExecutorStats:
     executor_seconds: float
     collective_seconds: float
     failure: str | None = None
+    pipeline: PipelineStats | None = None
 
     @property
     def size(self) -> int:
