@@ -2,10 +2,10 @@
 
 Why: a faster or smaller configuration is only a win if its quality holds, so the panel puts the held-out
 perplexity beside the weights' bytes (before and after quantization), and, where those features are on,
-speculative decoding's acceptance (overall, tokens per verification step, by proposal position) and
-tensor parallelism's communication share per rank. Everything comes from the engine's public figures
-(`stats()`, `info`, `held_out_perplexity`) and `estimate_memory`; the functions are pure, so tests
-compare what is shown with what the engine reports.
+speculative decoding's acceptance (overall, tokens per verification step, by proposal position), tensor
+parallelism's communication share per rank, and pipeline parallelism's bubble with a timeline of its stages.
+Everything comes from the engine's public figures (`stats()`, `info`, `held_out_perplexity`) and
+`estimate_memory`; the functions are pure, so tests compare what is shown with what the engine reports.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import html
 
 from engine import EngineConfig, EngineInfo, EngineStats, PerplexityResult, estimate_memory
 from playground.figures.units import format_bytes
+from playground.figures.worker_timeline import Span, timeline_svg
+
+TIMELINE_SPANS = 48  # the most recent stage spans drawn: a few steps' micro-batches, readable at panel width
 
 
 @functools.lru_cache(maxsize=64)
@@ -87,6 +90,29 @@ def tensor_parallel_rows(stats: EngineStats) -> list[str]:
     return rows
 
 
+def pipeline_rows(stats: EngineStats) -> list[str]:
+    """The measured bubble beside the textbook one, each stage's busy and idle time, the bytes between stages, and
+    the latest micro-batches as a timeline (the gaps are the bubble)."""
+    pipeline = stats.pipeline
+    if pipeline is None or not pipeline.micro_batches_run:
+        return [_row("pipeline", "no micro-batch has run yet")]
+    rows = [_row("pipeline bubble", f"{pipeline.bubble_share:.0%} measured · {pipeline.textbook_bubble_share:.0%} "
+                 f"textbook (N-1)/(m+N-1), {pipeline.stages} stages, {pipeline.micro_batches} micro-batches, "
+                 f"{pipeline.schedule}",
+                 "share of the time work was in the pipeline that stages sat idle, waiting for input; the textbook "
+                 "figure assumes equal micro-batches, free hand-overs and stages that never share a core")]
+    for stage, (busy, idle) in enumerate(zip(pipeline.stage_busy_seconds, pipeline.stage_idle_seconds, strict=True)):
+        rows.append(_row(f"stage {stage}", f"busy {busy:.2f} s · idle {idle:.2f} s"))
+    rows.append(_row("between stages", f"{format_bytes(pipeline.bytes_between_stages)} of hidden states over "
+                                       f"{pipeline.micro_batches_run:,} micro-batches"))
+    recent = pipeline.timeline[-TIMELINE_SPANS:]
+    spans = [Span(span.stage, span.start, span.end, span.micro_batch, f"micro-batch {span.micro_batch}")
+             for span in recent]
+    lanes = [f"stage {stage}" for stage in range(pipeline.stages)]
+    rows.append(f'<div class="feat-chart">{timeline_svg(lanes, spans, "latest micro-batches")}</div>')
+    return rows
+
+
 def features_html(config: EngineConfig | None, stats: EngineStats | None, info: EngineInfo | None,
                   perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None,
                   reference: PerplexityResult | None = None) -> str:
@@ -100,4 +126,6 @@ def features_html(config: EngineConfig | None, stats: EngineStats | None, info: 
         rows += speculative_rows(stats)
     if stats.tensor_parallel_size > 1:
         rows += tensor_parallel_rows(stats)
+    if stats.pipeline_parallel_size > 1:
+        rows += pipeline_rows(stats)
     return f'<div class="hchart" id="features-chart">{title}{"".join(rows)}</div>'

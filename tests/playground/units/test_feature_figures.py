@@ -10,9 +10,10 @@ import time
 import pytest
 
 from engine import Engine, EngineConfig, EngineStats, RequestMetrics, SamplingParams, StepRecord, estimate_memory
+from engine.pipeline_stats import PipelineStats, Span
 from playground.app import create_playground
 from playground.figures import live_charts
-from playground.figures.features import features_html, tensor_parallel_rows
+from playground.figures.features import features_html, pipeline_rows, tensor_parallel_rows
 from playground.figures.replies import figures_html, reply_figures
 from playground.page import PageHandlers
 from playground.shared.settings import Settings
@@ -110,6 +111,22 @@ def test_tensor_parallel_rows_give_each_rank_its_share():
     assert "TP communication" in features_html(config.replace(tensor_parallel_size=2), stats, info, None, None)
     assert "TP communication" not in features_html(config, dataclasses.replace(stats, tensor_parallel_size=1), info,
                                                    None, None)
+
+
+def test_pipeline_rows_show_the_bubble_each_stage_and_a_timeline():
+    timeline = (Span(0, 0, 0.0, 1.0), Span(1, 0, 1.0, 2.0), Span(0, 1, 1.0, 2.0), Span(1, 1, 2.0, 3.0))
+    pipeline = PipelineStats(stages=2, micro_batches=2, schedule="flush", micro_batches_run=2, active_seconds=3.0,
+                             stage_busy_seconds=(2.0, 2.0), bytes_between_stages=4096, timeline=timeline)
+    rows = "".join(pipeline_rows(EngineStats(pipeline_parallel_size=2, pipeline=pipeline)))
+    assert "33% measured · 33% textbook" in rows  # 2 s idle of 6 stage-seconds; (2-1)/(2+2-1)
+    assert "busy 2.00 s · idle 1.00 s" in rows and "4.0 KiB" in rows
+    assert rows.count('class="busy"') == 4 and "micro-batch 1" in rows
+    idle = dataclasses.replace(pipeline, micro_batches_run=0, timeline=())
+    assert "no micro-batch has run yet" in "".join(pipeline_rows(EngineStats(pipeline_parallel_size=2,
+                                                                             pipeline=idle)))
+    config = EngineConfig(model="demo")
+    stats = EngineStats(pipeline_parallel_size=2, pipeline=pipeline, weights_bytes=1)
+    assert "pipeline bubble" in features_html(config, stats, engine_info(), None, None)
 
 
 @pytest.mark.slow
