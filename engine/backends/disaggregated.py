@@ -117,7 +117,7 @@ class DisaggregatedBackend(NativeBackend):
         self.outstanding = [0, 0]  # commands sent to each worker whose answers were not read yet
         self.awaiting_transfer: deque[Request] = deque()  # prefilled, first token sampled, no decode room yet
         self.next_transfer_id = 0
-        self.transfer_started: dict[int, tuple[Request, float]] = {}
+        self.transfer_started: dict[int, tuple[Request, int]] = {}  # transfer id -> (request, answers due)
         self.worker_counters: list[dict] = [{}, {}]
         self._forget()
 
@@ -179,12 +179,15 @@ class DisaggregatedBackend(NativeBackend):
         else:
             _, transfer_id, nbytes, seconds, _ = reply
             self.transfers.seconds += seconds
-            request, _ = self.transfer_started[transfer_id]
+            request, answers = self.transfer_started[transfer_id]  # both workers answer, in either order
+            if answers == 1:
+                del self.transfer_started[transfer_id]
+            else:
+                self.transfer_started[transfer_id] = (request, answers - 1)
             moved = self.request_transfers.get(request.request_id, (0, 0.0))
             if kind == "kv_received":
                 self.transfers.count += 1
                 self.transfers.bytes += nbytes
-                self.transfer_started.pop(transfer_id)
                 moved = (moved[0] + nbytes, moved[1])
             self.request_transfers[request.request_id] = (moved[0], moved[1] + seconds)
 
@@ -225,7 +228,7 @@ class DisaggregatedBackend(NativeBackend):
             destination = self.decode_blocks.allocate_uncached(request.request_id, computed)
             transfer_id = self.next_transfer_id
             self.next_transfer_id += 1
-            self.transfer_started[transfer_id] = (request, time.perf_counter())
+            self.transfer_started[transfer_id] = (request, 2)
             self._send(PREFILL_RANK, (SEND_KV, (transfer_id, source)))
             self._send(DECODE_RANK, (RECV_KV, (transfer_id, list(destination))))
             self.transfers.blocks += len(source)

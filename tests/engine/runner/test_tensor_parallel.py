@@ -18,10 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-import psutil
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -34,6 +32,15 @@ from engine.testing import EngineProbe
 from tests.support.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 from tests.support.paths import PROJECT_ROOT
 from tests.support.tiny_models import VOCAB
+from tests.support.worker_processes import (
+    all_gone,
+    children,
+    describe,
+    gone,
+    listening_ports,
+    results_within,
+    wait_until,
+)
 
 pytestmark = pytest.mark.skipif(cpu_cores() < 2, reason="two ranks need two CPU cores")
 
@@ -52,61 +59,6 @@ def greedy(engine: Engine, prompts=PROMPTS) -> list[list[int]]:
 def reference(folder: str, **settings) -> list[list[int]]:
     with Engine(EngineConfig(model=folder, dtype="float32", **settings)) as engine:
         return greedy(engine)
-
-
-def children() -> set[int]:
-    """Child processes of this test process, the multiprocessing resource tracker aside (it lives as long as we do)."""
-    pids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if not any("resource_tracker" in part for part in child.cmdline()):
-                pids.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
-
-
-def listening_ports() -> set[int]:
-    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def describe(*pids: int) -> str:
-    """Each process's state, and each of its threads' signal masks and pending signals, for a failure message."""
-    states = []
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            threads = []
-            for thread in process.threads():
-                with open(f"/proc/{pid}/task/{thread.id}/status") as status:
-                    sig = {k: v.strip() for k, _, v in (line.partition(":") for line in status)
-                           if k in ("SigIgn", "SigBlk", "SigPnd", "ShdPnd")}
-                with open(f"/proc/{pid}/task/{thread.id}/wchan") as wchan:
-                    threads.append(f"{thread.id} {wchan.read()} {sig}")
-            states.append(f"{pid} {process.status()}: " + ", ".join(threads))
-        except (psutil.NoSuchProcess, FileNotFoundError):
-            states.append(f"{pid}: gone")
-    return "; ".join(states)
-
-
-def all_gone(pids: list[int]):
-    return lambda: all(gone(pid) for pid in pids)
-
-
-def wait_until(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 # ---- equality: N=2 equals N=1 ---------------------------------------------------------------------
@@ -200,17 +152,6 @@ def start_long_requests(engine: Engine, count: int = 3):
     for _ in range(3):  # generation is under way
         next(stream)
     return handles
-
-
-def results_within(handles, seconds: float) -> list:
-    """Every handle's output, or TimeoutError once `seconds` have passed (never waits longer)."""
-    pool = ThreadPoolExecutor(len(handles))
-    try:
-        futures = [pool.submit(handle.result) for handle in handles]
-        deadline = time.monotonic() + seconds
-        return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
-    finally:
-        pool.shutdown(wait=False)
 
 
 def a_late_monitor(engine: Engine, monkeypatch) -> None:

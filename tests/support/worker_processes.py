@@ -1,0 +1,75 @@
+"""Watching worker processes from a test: this process's children and listening ports, waiting for processes to go,
+and results that must come within a bound (tensor-parallel and disaggregated workers are tested the same way)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+
+
+def children() -> set[int]:
+    """Child processes of this test process, the multiprocessing resource tracker aside (it lives as long as we do)."""
+    pids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if not any("resource_tracker" in part for part in child.cmdline()):
+                pids.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def listening_ports() -> set[int]:
+    return {c.laddr.port for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def describe(*pids: int) -> str:
+    """Each process's state, and each of its threads' signal masks and pending signals, for a failure message."""
+    states = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            threads = []
+            for thread in process.threads():
+                with open(f"/proc/{pid}/task/{thread.id}/status") as status:
+                    sig = {k: v.strip() for k, _, v in (line.partition(":") for line in status)
+                           if k in ("SigIgn", "SigBlk", "SigPnd", "ShdPnd")}
+                with open(f"/proc/{pid}/task/{thread.id}/wchan") as wchan:
+                    threads.append(f"{thread.id} {wchan.read()} {sig}")
+            states.append(f"{pid} {process.status()}: " + ", ".join(threads))
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            states.append(f"{pid}: gone")
+    return "; ".join(states)
+
+
+def all_gone(pids: list[int]):
+    return lambda: all(gone(pid) for pid in pids)
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def results_within(handles, seconds: float) -> list:
+    """Every handle's output, or TimeoutError once `seconds` have passed (never waits longer)."""
+    pool = ThreadPoolExecutor(len(handles))
+    try:
+        futures = [pool.submit(handle.result) for handle in handles]
+        deadline = time.monotonic() + seconds
+        return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
+    finally:
+        pool.shutdown(wait=False)
