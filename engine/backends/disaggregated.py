@@ -251,8 +251,10 @@ class DisaggregatedBackend(NativeBackend):
                     completing.append(item)
                     rows.extend(range(row, row + item.num_logits))
                 row += item.num_logits
-        logits = logits[rows] if len(rows) != logits.shape[0] else logits
         self.worker_steps[index] += 1
+        if not live:  # every request of this step was cancelled meanwhile
+            return
+        logits = logits[rows] if len(rows) != logits.shape[0] else logits
         try:
             raw, masked = self._apply_grammars(completing, logits)
             tokens, valid = self._next_tokens(completing, logits)

@@ -151,6 +151,36 @@ def test_cancelling_mid_prefill_and_mid_decode_frees_both_sides(gqa):
     assert stats.kv_blocks_free == stats.kv_blocks_total and stats.num_running == stats.num_waiting == 0
 
 
+def test_decode_goes_on_while_the_prefill_worker_is_stopped(gqa):
+    """Decode never waits for a prefill: with the prefill worker stopped (SIGSTOP, shorter than the heartbeat
+    timeout) while it holds a new prompt's chunk, the decode worker's steps go on; the prompt completes after."""
+    engine = gqa[1]["prefill-decode"]
+    probe = EngineProbe(engine)
+    prefill_pid = engine.stats().rank_pids[0]
+    decoding = engine.submit([7, 8, 9], SamplingParams(max_tokens=480, ignore_eos=True))
+    stream = iter(decoding)
+    for _ in range(3):
+        next(stream)
+    os.kill(prefill_pid, signal.SIGSTOP)
+    try:
+        prompt = engine.submit(list(range(3, 200)), SamplingParams(max_tokens=3, ignore_eos=True))
+        deadline = time.monotonic() + 5
+        while not probe.on_loop(lambda b: any(r.request_id == prompt.request_id for r in b.prefill.running)):
+            assert time.monotonic() < deadline
+        held = time.perf_counter()  # its first chunk went to the stopped worker
+        time.sleep(0.3)
+        resumed = time.perf_counter()
+        assert not prompt.done
+    finally:
+        os.kill(prefill_pid, signal.SIGCONT)
+    decode_steps = [r for r in engine.step_history(held + 0.005) if r.num_decode_tokens and r.time < resumed]
+    assert len(decode_steps) >= 5
+    assert prompt.result().finish_reason == "length"
+    decoding.cancel()
+    assert decoding.result().finish_reason in ("cancelled", "length")
+    assert wait_until(lambda: held_blocks(engine) == (0, 0), 5)
+
+
 def test_mha_equals_one_process(tiny_model_dirs):
     folder = tiny_model_dirs["llama3-rope-scaling"]
     with Engine(EngineConfig(model=folder, dtype="float32")) as engine:
