@@ -190,6 +190,7 @@ class DisaggregatedBackend(NativeBackend):
                 self.transfers.bytes += nbytes
                 moved = (moved[0] + nbytes, moved[1])
             self.request_transfers[request.request_id] = (moved[0], moved[1] + seconds)
+            request.kv_transfer_bytes, request.kv_transfer_s = self.request_transfers[request.request_id]
 
     def _send(self, index: int, message) -> None:
         self.gang.send(index, message)

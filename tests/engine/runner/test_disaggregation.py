@@ -118,6 +118,11 @@ def test_transfers_count_every_block_and_its_bytes(gqa):
     assert stats.kv_transfer_bytes == blocks * plan.kv_block_bytes
     assert stats.kv_transfer_bytes_per_request == stats.kv_transfer_bytes / len(PROMPTS)
     assert stats.kv_transfer_seconds > 0 and stats.kv_transfer_seconds_per_request > 0
+    moved = [o.metrics for o in gqa[3]["prefill-decode"]]  # each next turn's own move
+    assert [m.kv_transfer_bytes for m in moved] == [
+        -(-len(next_turn(p, o)) // 4) * plan.kv_block_bytes for p, o in zip(PROMPTS, gqa[2]["prefill-decode"],
+                                                                           strict=True)]
+    assert all(m.kv_transfer_s > 0 for m in moved)
     assert plan.kv_cache_bytes == 2 * config.kv_cache_bytes // plan.kv_block_bytes * plan.kv_block_bytes
     assert stats.kv_cache_bytes == plan.kv_cache_bytes
 
