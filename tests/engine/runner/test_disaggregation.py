@@ -92,6 +92,17 @@ def test_greedy_output_equals_one_process(gqa):
     assert held_blocks(engines["prefill-decode"]) == (0, 0)
 
 
+def test_seeded_sampling_and_logprobs_equal_one_process(gqa):
+    """Sampling happens in the engine's process from either worker's logits: seeded draws and logprobs match."""
+    _, engines, _, _, _ = gqa
+    params = SamplingParams(max_tokens=8, temperature=0.9, top_k=20, seed=5, logprobs=3, ignore_eos=True)
+    results = {mode: engine.generate(PROMPTS[:3], params) for mode, engine in engines.items()}
+    off, on = results["off"], results["prefill-decode"]
+    assert [o.token_ids for o in on] == [o.token_ids for o in off]
+    for a, b in zip(on, off, strict=True):
+        assert [t.logprob for t in a.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)
+
+
 def test_next_turn_hits_only_the_previous_prompt_on_the_prefill_side(gqa):
     """The previous reply's K/V lives on the decode side: the prefill side finds the earlier prompt's full blocks."""
     _, _, _, turns, _ = gqa
