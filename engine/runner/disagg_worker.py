@@ -18,7 +18,6 @@ by the engine can only be written again by a later command, after the one that u
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -32,7 +31,6 @@ from engine.runner.worker_process import STEP, STOP, join_default_group, run_wor
 
 SEND_KV, RECV_KV = "send_kv", "recv_kv"
 PREFILL_RANK, DECODE_RANK = 0, 1
-PREFILL_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -63,8 +61,6 @@ class DisaggWorker:
                         peak_memory_bytes=0)
         self.cuda = spec.settings.device == "cuda"
         torch.set_num_threads(spec.threads)
-        if spec.rank == PREFILL_RANK and spec.settings.device == "cpu":
-            os.nice(PREFILL_NICENESS)  # when the cores are oversubscribed, decode steps (latency) go first
         if self.cuda:
             torch.cuda.set_device(spec.rank % max(1, torch.cuda.device_count()))
         join_default_group(spec.store_port, spec.rank, 2)
