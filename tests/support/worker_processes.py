@@ -1,5 +1,5 @@
-"""Watching worker processes from a test: this process's children and listening ports, waiting for processes to go,
-and results that must come within a bound (tensor-parallel and disaggregated workers are tested the same way)."""
+"""Watching engine worker processes from a test: this process's children and listening ports, waiting for them to
+go, and collecting outputs within a deadline (tensor-parallel ranks and pipeline stages alike)."""
 
 from __future__ import annotations
 
