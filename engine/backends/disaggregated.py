@@ -86,7 +86,8 @@ class TransferFigures:
 
 class DisaggregatedBackend(NativeBackend):
     """Routes requests between a prefill worker and a decode worker; samples here. Reuses the native backend's
-    sampling, grammar, log-probability and delivery helpers (no speculation)."""
+    sampling, grammar, log-probability and delivery helpers (no speculation); every entry point the engine calls
+    (add, abort, has_work, requests, step, score, stats, forget_warm_up, decode_profile, close) is its own."""
 
     def __init__(self, plan: EnginePlan):
         config = plan.config
@@ -132,6 +133,9 @@ class DisaggregatedBackend(NativeBackend):
 
     def add(self, request: Request) -> None:
         self.prefill.add(request)
+
+    def abort(self, request: Request) -> None:
+        self._remove(request)
 
     def _remove(self, request: Request) -> None:
         """Free what the request holds on either side (its in-flight answer, if any, is ignored when it comes)."""
