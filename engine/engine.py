@@ -106,6 +106,10 @@ def _is_single_prompt(prompts) -> bool:
 
 def make_backend(plan: EnginePlan) -> Backend:
     """The backend the plan chose, loaded (weights, KV pool, worker processes)."""
+    if plan.backend == "native" and plan.config.disaggregation != "off":
+        from engine.backends.disaggregated import DisaggregatedBackend
+
+        return DisaggregatedBackend(plan)
     if plan.backend == "native":
         from engine.backends.native import NativeBackend
 

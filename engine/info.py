@@ -92,6 +92,26 @@ class EngineStats:
     draft_kv_cache_bytes: int = 0
     draft_kv_blocks_total: int = 0
     draft_kv_blocks_free: int = 0
+    # Disaggregation (docs/disaggregation.md): per worker ("prefill worker", "decode worker"), seconds busy (steps and
+    # transfers, as the workers time them), utilisation (busy / wall time since the first step), answers processed,
+    # prompt chunks (more than one token) and decode rows run, requests held; the KV moved from prefill to decode
+    # (count, bytes, blocks, workers' seconds) and per request moved; the decode pool's share of the KV blocks.
+    disaggregation: str = "off"
+    worker_roles: tuple[str, ...] = ()
+    worker_busy_seconds: tuple[float, ...] = ()
+    worker_utilisation: tuple[float, ...] = ()
+    worker_steps: tuple[int, ...] = ()
+    worker_prefill_chunks: tuple[int, ...] = ()
+    worker_decode_rows: tuple[int, ...] = ()
+    worker_requests: tuple[int, ...] = ()
+    kv_transfers: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_blocks: int = 0
+    kv_transfer_seconds: float = 0.0
+    kv_transfer_bytes_per_request: float = 0.0
+    kv_transfer_seconds_per_request: float = 0.0
+    decode_kv_blocks_total: int = 0
+    decode_kv_blocks_free: int = 0
 
     @property
     def kv_blocks_used(self) -> int:

@@ -99,8 +99,10 @@ class EnginePlan:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """Bytes of the KV pools the native engine allocates (0 where transformers sizes its own cache)."""
-        return self.num_kv_blocks * self.kv_block_bytes if self.backend == "native" else 0
+        """Bytes of the KV pools the native engine allocates (0 where transformers sizes its own cache); with
+        disaggregation each of the two workers has a pool of `num_kv_blocks` (the budget is per worker)."""
+        pools = 2 if self.config.disaggregation != "off" else 1
+        return pools * self.num_kv_blocks * self.kv_block_bytes if self.backend == "native" else 0
 
     def summary(self) -> str:
         """One line of what would load, as the playground's check line shows it."""

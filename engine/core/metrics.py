@@ -35,6 +35,8 @@ class RequestMetrics:
     spec_drafts: int = 0
     guided_mask_s: float = 0.0     # this request's share of the measured grammar-mask work (compute + apply), seconds
     guided_compile_s: float = 0.0  # its grammar's compile time (0 when the compiled grammar came from the cache)
+    kv_transfer_bytes: int = 0     # disaggregation: its K/V moved from the prefill worker to the decode worker,
+    kv_transfer_s: float = 0.0     # and the workers' seconds on those moves (copy out, receive and copy in)
 
     @classmethod
     def from_timestamps(cls, arrival: float, token_times: list[float], prompt_tokens: int,

@@ -88,6 +88,8 @@ class Request:
     grammar: RequestGrammar | None = None
     guided_mask_s: float = 0.0
     guided_compile_s: float = 0.0
+    kv_transfer_bytes: int = 0     # disaggregation: K/V bytes moved prefill -> decode for it, and the workers' seconds
+    kv_transfer_s: float = 0.0
     finish_reason: str | None = None
     error: str | None = None
     cancel_requested: bool = False
@@ -117,6 +119,8 @@ class Request:
             self.spec_proposed, self.spec_accepted, self.spec_drafts, with_itl=self.finished)
         metrics.guided_mask_s = self.guided_mask_s
         metrics.guided_compile_s = self.guided_compile_s
+        metrics.kv_transfer_bytes = self.kv_transfer_bytes
+        metrics.kv_transfer_s = self.kv_transfer_s
         return metrics
 
     def append_tokens(self, token_ids: list[int], now: float, logprobs: list[TokenLogprob] | None = None) -> None:
