@@ -25,18 +25,21 @@ from engine.presets import list_presets, load_preset, preset_description
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import GUIDED_KINDS, MAX_SPEC_CHARS, MAX_TOP_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
+from engine.tools.export import TARGETS as EXPORT_TARGETS
+from engine.tools.export import ExportResult, export_command, format_export
 from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
 from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, resolve_dataset
 
 drop_unactionable_library_logs()
 
-__all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "Engine", "EngineConfig",
-           "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "GOODPUT_METRICS", "GUIDED_KINDS",
-           "GuidedDecoding", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry", "ModelLoadError",
-           "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport",
-           "SamplingParams", "StepRecord", "StreamDelta", "TokenLogprob", "WorkloadSpec", "bench_report",
-           "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
-           "engine_roofline", "estimate_memory", "hub_repo", "import_serving_modules", "list_models", "list_presets",
-           "load_preset", "measure_engine", "parse_sets", "plan_engine", "preset_description", "resolve_dataset",
-           "resolve_model_path", "tensor_parallel_reason", "unavailable_reason"]
+__all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "EXPORT_TARGETS", "Engine",
+           "EngineConfig", "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "ExportResult", "GOODPUT_METRICS",
+           "GUIDED_KINDS", "GuidedDecoding", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry",
+           "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput",
+           "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "TokenLogprob", "WorkloadSpec",
+           "bench_report", "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
+           "engine_roofline", "estimate_memory", "export_command", "format_export", "hub_repo",
+           "import_serving_modules", "list_models", "list_presets", "load_preset", "measure_engine", "parse_sets",
+           "plan_engine", "preset_description", "resolve_dataset", "resolve_model_path", "tensor_parallel_reason",
+           "unavailable_reason"]

@@ -110,6 +110,11 @@ def make_backend(plan: EnginePlan) -> Backend:
         from engine.backends.disaggregated import DisaggregatedBackend
 
         return DisaggregatedBackend(plan)
+    overlapped_stages = plan.config.pipeline_parallel_size > 1 and plan.config.pipeline_schedule == "overlap"
+    if plan.backend == "native" and overlapped_stages:
+        from engine.backends.pipelined import PipelinedBackend
+
+        return PipelinedBackend(plan)
     if plan.backend == "native":
         from engine.backends.native import NativeBackend
 

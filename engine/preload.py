@@ -17,10 +17,10 @@ from engine.quant.levels import LEVELS
 
 # Modules the engine imports inside functions (each where a configuration first needs it), and what they import on
 # first use.
-ENGINE_MODULES = ("engine.backends.native", "engine.backends.hf", "engine.runner.tp_executor", "huggingface_hub",
-                  "llguidance.hf", "safetensors.torch", "torch.distributed", "torch.multiprocessing",
-                  "torch.utils.cpp_extension", "transformers.generation.configuration_utils",
-                  "transformers.modeling_rope_utils")
+ENGINE_MODULES = ("engine.backends.native", "engine.backends.hf", "engine.backends.pipelined",
+                  "engine.backends.disaggregated", "engine.runner.tp_executor", "huggingface_hub", "llguidance.hf",
+                  "safetensors.torch", "torch.distributed", "torch.multiprocessing", "torch.utils.cpp_extension",
+                  "transformers.generation.configuration_utils", "transformers.modeling_rope_utils")
 TRANSFORMERS_NAMES = ("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "GenerationConfig",
                       "StoppingCriteriaList", "BitsAndBytesConfig", "QuantoConfig", "TorchAoConfig")
 # The parts of the quantization libraries that their levels call, beyond each library's top module.

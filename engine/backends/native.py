@@ -27,7 +27,6 @@ from collections.abc import Callable
 import torch
 
 from engine.backends.base import next_token_log_probs
-from engine.backends.pipelined import PipelinedStepper
 from engine.core.block_manager import BlockManager
 from engine.core.logprobs import LogprobRow, TokenLogprob, token_logprobs
 from engine.core.metrics import peak_memory_bytes
@@ -121,16 +120,11 @@ class NativeBackend:
         self.steps = 0
         # Sections are timed on this thread: the model must run here (one process) and synchronously (a CPU).
         self.profiler = StepProfiler(enabled=self.device == "cpu" and isinstance(self.executor, LocalExecutor))
-        # Overlapped pipeline stages keep several micro-batches in flight across steps (engine/backends/pipelined.py).
-        self.pipeline = (PipelinedStepper(self, self.executor) if isinstance(self.executor, PipelineExecutor)
-                         and config.pipeline_schedule == "overlap" else None)
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)
 
     def abort(self, request: Request) -> None:
-        if self.pipeline is not None and self.pipeline.defer_removal(request):
-            return  # its micro-batch is in flight: it leaves when that comes back
         self._remove(request)
 
     def _remove(self, request: Request) -> None:
@@ -146,9 +140,6 @@ class NativeBackend:
 
     def step(self, record: Callable[[StepRecord], None]) -> None:
         """One engine step. A model failure fails the step's requests; the others keep going."""
-        if self.pipeline is not None:
-            self.pipeline.step(record)
-            return
         started = time.perf_counter()
         self.profiler.start_step()
         if self.speculator:

@@ -1,4 +1,4 @@
-"""`PipelinedStepper`: the native backend's step when pipeline stages overlap micro-batches ("virtual engines").
+"""`PipelinedBackend`: the native backend when pipeline stages overlap micro-batches ("virtual engines").
 
 With the overlap schedule the running batch is split into m micro-batches that are kept in flight
 across steps, as vLLM keeps one batch per virtual engine: while stage 1 works on micro-batch A,
@@ -20,18 +20,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from engine.backends.native import NativeBackend
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.info import StepRecord
+from engine.plan import EnginePlan
 from engine.runner.pp_executor import PipelineExecutor, split_evenly
 from engine.runner.step_plan import StepPlan, plan_step
-
-if TYPE_CHECKING:
-    from engine.backends.native import NativeBackend
 
 
 @dataclass
@@ -42,23 +40,24 @@ class _InFlight:
     submitted: float
 
 
-class PipelinedStepper:
+class PipelinedBackend(NativeBackend):
     """Keeps up to `executor.micro_batches` micro-batches in the pipe; each `step` processes the oldest."""
 
-    def __init__(self, backend: NativeBackend, executor: PipelineExecutor):
-        self.backend = backend
-        self.executor = executor
-        self.limit = executor.micro_batches
+    def __init__(self, plan: EnginePlan):
+        super().__init__(plan)
+        if not isinstance(self.executor, PipelineExecutor):
+            raise TypeError("PipelinedBackend runs over pipeline stages (pipeline_parallel_size > 1)")
+        self.limit = self.executor.micro_batches
         self.in_flight: deque[_InFlight] = deque()
         self.busy: set[int] = set()       # ids of requests in an in-flight micro-batch
         self.leaving: set[int] = set()    # of those, the ones cancelled meanwhile
 
-    def defer_removal(self, request: Request) -> bool:
-        """True when `request` is in flight: it is removed once its micro-batch is back (not now)."""
+    def abort(self, request: Request) -> None:
+        """Remove `request` now, or, when its micro-batch is in flight, once that is back (stages write its K/V)."""
         if request.request_id in self.busy:
             self.leaving.add(request.request_id)
-            return True
-        return False
+            return
+        self._remove(request)
 
     def step(self, record: Callable[[StepRecord], None]) -> None:
         self._submit()
@@ -70,15 +69,15 @@ class PipelinedStepper:
         gone = [item for item in oldest.scheduled if item.request.request_id in self.leaving]
         for item in gone:
             self.leaving.discard(item.request.request_id)
-            self.backend._remove(item.request)
-        self.backend._run_and_deliver(staying, oldest.plan, oldest.submitted, oldest.submitted, record,
+            self._remove(item.request)
+        self._run_and_deliver(staying, oldest.plan, oldest.submitted, oldest.submitted, record,
                                       lambda: self._rows_of(staying, oldest))
 
     def _submit(self) -> None:
         room = self.limit - len(self.in_flight)
         if room <= 0:
             return
-        scheduled = self.backend.scheduler.schedule(busy=self.busy)
+        scheduled = self.scheduler.schedule(busy=self.busy)
         for group in split_evenly(scheduled, room) if scheduled else []:
             submitted = time.perf_counter()
             plan = plan_step(group)
@@ -87,7 +86,7 @@ class PipelinedStepper:
                 ticket = self.executor.submit(plan)
             except Exception as error:  # a stage failed: these requests fail now, those in flight when collected
                 self.busy.difference_update(item.request.request_id for item in group)
-                self.backend._fail([item.request for item in group], error)
+                self._fail([item.request for item in group], error)
                 continue
             self.in_flight.append(_InFlight(ticket, group, plan, submitted))
 

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import html
 
-from engine import EngineConfig, EngineError
-from engine.tools.export import TARGETS, export_command
+from engine import EXPORT_TARGETS, EngineConfig, EngineError, export_command
 
 
 def export_html(config: EngineConfig) -> str:
     """The block for `config`: per target, its name and version, the command(s), then what is not mapped."""
     parts = ['<details class="export"><summary>Run this configuration on vLLM / SGLang</summary>']
-    for name in TARGETS:
+    for name in EXPORT_TARGETS:
         try:
             result = export_command(config, name)
         except EngineError as error:  # a configuration the export cannot name (say so, keep the panel up)
-            message = f"{TARGETS[name].label}: {error}"
+            message = f"{EXPORT_TARGETS[name].label}: {error}"
             parts.append(f'<div class="export-note">{html.escape(message)}</div>')
             continue
         spec = result.target

@@ -227,19 +227,19 @@ def watch_in_flight_removals(engine: Engine) -> tuple[list[bool], list[int]]:
     freed_in_flight: list[int] = []
 
     def install(backend) -> None:
-        stepper, manager = backend.pipeline, backend.block_manager
-        real_defer, real_free = stepper.defer_removal, manager.free
+        manager = backend.block_manager
+        real_abort, real_free = backend.abort, manager.free
 
-        def defer(request):
-            deferred.append(real_defer(request))
-            return deferred[-1]
+        def abort(request):
+            deferred.append(request.request_id in backend.busy)
+            real_abort(request)
 
         def free(seq_id):
-            if seq_id in stepper.busy:
+            if seq_id in backend.busy:
                 freed_in_flight.append(seq_id)
             return real_free(seq_id)
 
-        stepper.defer_removal, manager.free = defer, free
+        backend.abort, manager.free = abort, free
 
     EngineProbe(engine).on_loop(install)
     return deferred, freed_in_flight

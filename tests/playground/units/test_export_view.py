@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 
+from engine import EXPORT_TARGETS as TARGETS
 from engine import EngineConfig
-from engine.tools.export import TARGETS
 from playground.figures.export_view import export_html
 
 
