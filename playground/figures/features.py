@@ -3,7 +3,8 @@
 Why: a faster or smaller configuration is only a win if its quality holds, so the panel puts the held-out
 perplexity beside the weights' bytes (before and after quantization), and, where those features are on,
 speculative decoding's acceptance (overall, tokens per verification step, by proposal position), tensor
-parallelism's communication share per rank, and pipeline parallelism's bubble with a timeline of its stages.
+parallelism's communication share per rank, pipeline parallelism's bubble with a timeline of its stages, and
+disaggregation's per-worker utilisation and K/V moves.
 Everything comes from the engine's public figures (`stats()`, `info`, `held_out_perplexity`) and
 `estimate_memory`; the functions are pure, so tests compare what is shown with what the engine reports.
 """
@@ -113,6 +114,28 @@ def pipeline_rows(stats: EngineStats) -> list[str]:
     return rows
 
 
+def disaggregation_rows(stats: EngineStats) -> list[str]:
+    """Each worker's utilisation and what it ran, then the K/V moved from the prefill worker to the decode worker."""
+    rows = []
+    for role, utilisation, busy, chunks, decode_rows, held in zip(
+            stats.worker_roles, stats.worker_utilisation, stats.worker_busy_seconds, stats.worker_prefill_chunks,
+            stats.worker_decode_rows, stats.worker_requests, strict=True):
+        rows.append(_row(role, f"{utilisation:.0%} busy ({busy:.2f} s) · {chunks:,} prompt chunks · "
+                               f"{decode_rows:,} decode rows · {held} request(s) now",
+                         "busy seconds as the worker times its steps and transfers, over the wall time since the "
+                         "first step; the decode worker runs no prompt chunk"))
+    if stats.kv_transfers:
+        rows.append(_row("K/V moved", f"{stats.kv_transfers:,} moves · {format_bytes(stats.kv_transfer_bytes)} in "
+                         f"{stats.kv_transfer_seconds * 1000:.1f} ms · per request "
+                         f"{format_bytes(int(stats.kv_transfer_bytes_per_request))}, "
+                         f"{stats.kv_transfer_seconds_per_request * 1000:.2f} ms",
+                         "K/V blocks sent from the prefill worker's pool to the decode worker's once a prompt is "
+                         "computed, with the workers' own seconds on each move"))
+    else:
+        rows.append(_row("K/V moved", "no prompt has moved to the decode worker yet"))
+    return rows
+
+
 def features_html(config: EngineConfig | None, stats: EngineStats | None, info: EngineInfo | None,
                   perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None,
                   reference: PerplexityResult | None = None) -> str:
@@ -128,4 +151,6 @@ def features_html(config: EngineConfig | None, stats: EngineStats | None, info: 
         rows += tensor_parallel_rows(stats)
     if stats.pipeline_parallel_size > 1:
         rows += pipeline_rows(stats)
+    if stats.disaggregation != "off":
+        rows += disaggregation_rows(stats)
     return f'<div class="hchart" id="features-chart">{title}{"".join(rows)}</div>'

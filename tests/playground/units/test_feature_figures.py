@@ -13,7 +13,7 @@ from engine import Engine, EngineConfig, EngineStats, RequestMetrics, SamplingPa
 from engine.pipeline_stats import PipelineStats, Span
 from playground.app import create_playground
 from playground.figures import live_charts
-from playground.figures.features import features_html, pipeline_rows, tensor_parallel_rows
+from playground.figures.features import disaggregation_rows, features_html, pipeline_rows, tensor_parallel_rows
 from playground.figures.replies import figures_html, reply_figures
 from playground.page import PageHandlers
 from playground.shared.settings import Settings
@@ -127,6 +127,24 @@ def test_pipeline_rows_show_the_bubble_each_stage_and_a_timeline():
     config = EngineConfig(model="demo")
     stats = EngineStats(pipeline_parallel_size=2, pipeline=pipeline, weights_bytes=1)
     assert "pipeline bubble" in features_html(config, stats, engine_info(), None, None)
+
+
+def test_disaggregation_rows_show_each_worker_and_the_moves():
+    stats = EngineStats(disaggregation="prefill-decode", worker_roles=("prefill worker", "decode worker"),
+                        worker_utilisation=(0.25, 0.9), worker_busy_seconds=(1.0, 3.6), worker_steps=(4, 40),
+                        worker_prefill_chunks=(4, 0), worker_decode_rows=(0, 120), worker_requests=(0, 3),
+                        kv_transfers=3, kv_transfer_bytes=3 << 20, kv_transfer_seconds=0.006,
+                        kv_transfer_bytes_per_request=1 << 20, kv_transfer_seconds_per_request=0.002, weights_bytes=1)
+    rows = "".join(disaggregation_rows(stats))
+    assert "prefill worker" in rows and "25% busy (1.00 s) · 4 prompt chunks" in rows
+    assert "90% busy (3.60 s) · 0 prompt chunks · 120 decode rows · 3 request(s) now" in rows
+    assert "3 moves · 3.0 MiB in 6.0 ms · per request 1.0 MiB, 2.00 ms" in rows
+    none_moved = dataclasses.replace(stats, kv_transfers=0)
+    assert "no prompt has moved" in "".join(disaggregation_rows(none_moved))
+    config = EngineConfig(model="demo")
+    assert "K/V moved" in features_html(config, stats, engine_info(), None, None)
+    assert "K/V moved" not in features_html(config, dataclasses.replace(stats, disaggregation="off"), engine_info(),
+                                            None, None)
 
 
 @pytest.mark.slow
