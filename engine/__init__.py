@@ -29,7 +29,7 @@ from engine.tools.export import TARGETS as EXPORT_TARGETS
 from engine.tools.export import ExportResult, export_command, format_export
 from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
-from engine.tools.workloads import BenchRequest, WorkloadSpec, build_workload, resolve_dataset
+from engine.tools.workloads import BenchRequest, SurgeSpec, WorkloadSpec, build_workload, resolve_dataset
 
 drop_unactionable_library_logs()
 
@@ -37,7 +37,7 @@ __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCei
            "EngineConfig", "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "ExportResult", "GOODPUT_METRICS",
            "GUIDED_KINDS", "GuidedDecoding", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry",
            "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput",
-           "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "TokenLogprob", "WorkloadSpec",
+           "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec",
            "bench_report", "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
            "engine_roofline", "estimate_memory", "export_command", "format_export", "hub_repo",
            "import_serving_modules", "list_models", "list_presets", "load_preset", "measure_engine", "parse_sets",

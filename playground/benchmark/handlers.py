@@ -22,7 +22,8 @@ from playground.shared.errors import Refused
 from playground.shared.session import Session, pack
 
 INPUTS = ("bench_dataset", "bench_upload", "bench_requests", "bench_concurrency", "bench_rate", "bench_input",
-          "bench_output", "bench_prefix", "bench_ignore_eos", "bench_slo_ttft", "bench_slo_tpot", "bench_seed")
+          "bench_output", "bench_prefix", "bench_ignore_eos", "bench_slo_ttft", "bench_slo_tpot", "bench_seed",
+          "bench_surge")
 CHART_OUTPUTS = tuple(f"bench_{spec.name}" for spec in RUN_CHARTS)
 RUN_OUTPUTS = ("bench_status", "bench_table", "bench_run", "bench_json", "bench_csv", "bench_overlay",
                "bench_history", *CHART_OUTPUTS)
@@ -107,7 +108,7 @@ class BenchmarkHandlers:
                                                  strict=True))})
 
     def api_benchmark(self, dataset, upload, requests, concurrency, request_rate, input_tokens, output_tokens,
-                      prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed,
+                      prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed, surge,
                       session) -> Iterator[tuple[dict, str | None, str | None]]:
         """`/benchmark` for API clients, on this client's active configuration: while it waits for the measurement
         slot and runs, its progress (`MeasurementJob.progress`: phase, measurements ahead, requests done) and no
@@ -117,7 +118,7 @@ class BenchmarkHandlers:
         try:
             request = parse_workload(self.context.settings, dataset, upload, requests, concurrency, request_rate,
                                      input_tokens, output_tokens, prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms,
-                                     seed)
+                                     seed, surge)
             for job in self.runs.run(request, session):
                 if job.done.is_set():
                     break

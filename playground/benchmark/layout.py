@@ -21,7 +21,8 @@ from playground.shared.settings import Settings
 TOOLTIPS = {"bench-dataset": "bench_dataset", "bench-requests": "bench_requests",
             "bench-concurrency": "bench_concurrency", "bench-rate": "bench_rate", "bench-input": "bench_input",
             "bench-output": "bench_output", "bench-prefix": "bench_prefix", "bench-ignore-eos": "bench_ignore_eos",
-            "bench-slo-ttft": "bench_slo_ttft", "bench-slo-tpot": "bench_slo_tpot", "bench-seed": "bench_seed"}
+            "bench-slo-ttft": "bench_slo_ttft", "bench-slo-tpot": "bench_slo_tpot", "bench-seed": "bench_seed",
+            "bench-surge": "bench_surge"}
 
 
 def build_benchmark_tab(settings: Settings, ui: dict) -> None:
@@ -52,6 +53,8 @@ def build_benchmark_tab(settings: Settings, ui: dict) -> None:
         ui["bench_slo_tpot"] = gr.Number(0, label="TPOT objective ms (0 = none)", minimum=0,
                                          elem_id="bench-slo-tpot")
         ui["bench_ignore_eos"] = gr.Checkbox(True, label="ignore EOS", elem_id="bench-ignore-eos")
+        ui["bench_surge"] = gr.Textbox("", label="surge COUNT:INPUT:OUTPUT (empty = none)", elem_id="bench-surge",
+                                       max_length=40, placeholder="e.g. 8:512:32")
     with gr.Row(elem_id="bench-actions"):
         ui["bench_run"] = gr.Button("Run benchmark", variant="primary", elem_id="bench-run")
         ui["bench_cancel"] = gr.Button("Cancel", variant="stop", elem_id="bench-cancel")

@@ -57,7 +57,7 @@ class BenchmarkRuns:
             try:
                 spec = replace(request.spec, dataset=resolve_dataset(request.spec.dataset, engine.config.model))
                 workload = build_workload(spec, engine.info.vocab_size)
-                encoded = [BenchRequest(engine.encode(r.prompt), r.max_tokens, r.arrival) for r in workload]
+                encoded = [replace(r, prompt=engine.encode(r.prompt)) for r in workload]
             except EngineError as error:
                 raise Refused(self.context.describe(error)) from None
             total = 0

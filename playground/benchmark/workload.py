@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import WorkloadSpec
+from engine import SurgeSpec, WorkloadSpec
 from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.errors import Refused
 from playground.shared.settings import Settings
@@ -97,8 +97,26 @@ def _upload_path(settings: Settings, upload) -> str:
     return str(path)
 
 
+def parse_surge(settings: Settings, value, chat_output_len: int) -> SurgeSpec | None:
+    """COUNT:INPUT:OUTPUT (empty: no surge): that many random prompts of INPUT tokens asking OUTPUT tokens each,
+    released once the other requests have streamed half their output tokens (the bench's `--surge` default)."""
+    text = value.strip() if isinstance(value, str) else None
+    if text is None:
+        raise Refused("surge must be COUNT:INPUT:OUTPUT (e.g. 8:512:32), or empty for none")
+    if not text:
+        return None
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise Refused(f"surge must be COUNT:INPUT:OUTPUT (e.g. 8:512:32), or empty for none; got {text!r}")
+    count = parse_int("surge count", parts[0], 1, settings.max_bench_requests)
+    input_len = parse_int("surge input tokens", parts[1], 1, settings.max_prompt_tokens)
+    output_len = parse_int("surge output tokens", parts[2], 1, settings.max_new_tokens)
+    return SurgeSpec(count, input_len, output_len, after_tokens=chat_output_len // 2)
+
+
 def parse_workload(settings: Settings, dataset, upload, num_requests, concurrency, request_rate, input_tokens,
-                   output_tokens, prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed) -> BenchmarkRequest:
+                   output_tokens, prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed,
+                   surge="") -> BenchmarkRequest:
     """The workload asked for, or Refused naming the first bad value or the cap it exceeds."""
     if dataset not in DATASETS:
         raise Refused(f"dataset must be one of {', '.join(DATASETS)}")
@@ -113,7 +131,13 @@ def parse_workload(settings: Settings, dataset, upload, num_requests, concurrenc
     if dataset == "random" and prefix + input_len > settings.max_prompt_tokens:
         raise Refused(f"shared prefix + input tokens = {prefix + input_len} is over this server's prompt cap of "
                       f"{settings.max_prompt_tokens} (PLAYGROUND_MAX_PROMPT_TOKENS)")
+    burst = parse_surge(settings, surge, output_len)
     tokens = count * ((prefix + input_len if dataset == "random" else 0) + output_len)
+    if burst is not None:
+        if count + burst.count > settings.max_bench_requests:
+            raise Refused(f"requests + surge count = {count + burst.count} is over this server's cap of "
+                          f"{settings.max_bench_requests} (PLAYGROUND_MAX_BENCH_REQUESTS)")
+        tokens += burst.count * (burst.input_len + burst.output_len)
     if tokens > settings.max_bench_tokens:
         raise Refused(f"this run asks for up to {tokens:,} tokens, over this server's cap of "
                       f"{settings.max_bench_tokens:,} (PLAYGROUND_MAX_BENCH_TOKENS)")
@@ -123,6 +147,7 @@ def parse_workload(settings: Settings, dataset, upload, num_requests, concurrenc
                         input_len=input_len if not input_range else input_range[0], input_len_range=input_range,
                         output_len=output_len, output_len_range=output_range,
                         prefix_len=prefix if dataset == "random" else 0,
-                        request_rate=rate or math.inf, seed=parse_int("seed", seed or 0, 0, 2**31 - 1))
-    return BenchmarkRequest(spec=spec, concurrency=min(in_flight or count, settings.max_bench_concurrency),
+                        request_rate=rate or math.inf, seed=parse_int("seed", seed or 0, 0, 2**31 - 1), surge=burst)
+    everyone = count + (burst.count if burst else 0)
+    return BenchmarkRequest(spec=spec, concurrency=min(in_flight or everyone, settings.max_bench_concurrency),
                             ignore_eos=ignore_eos, goodput_slos=slos)

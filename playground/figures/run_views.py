@@ -221,8 +221,31 @@ TOTAL_LABELS = {"completed": "completed", "cancelled_requests": "cancelled", "du
                 "peak_running": "peak running"}
 
 
+SURGE_ROWS = (("chat_p99_itl_outside_surge_ms", "chat users' p99 ITL outside the surge"),
+              ("chat_p99_itl_during_surge_ms", "chat users' p99 ITL during the surge"),
+              ("chat_median_itl_during_surge_ms", "chat users' median ITL during the surge"),
+              ("chat_p99_ttft_ms", "chat users' p99 TTFT"),
+              ("surge_median_ttft_ms", "surge prompts' median TTFT"), ("surge_p99_ttft_ms", "surge prompts' p99 TTFT"),
+              ("surge_completed", "surge prompts completed"))
+
+
+def surge_table_html(report: dict) -> str:
+    """For a run with a surge: the chat users' token gaps during the surge beside those outside it (and their
+    ratio: the stall a burst of long prompts causes), and each class's time to first token; '' without a surge."""
+    if report.get("chat_itl_during_surge_count") is None:
+        return ""
+    rows = [f'<tr><th>{html.escape(label)}</th><td data-key="{key}">{html.escape(format_figure(key, report[key]))}'
+            '</td></tr>' for key, label in SURGE_ROWS]
+    during, outside = report["chat_p99_itl_during_surge_ms"], report["chat_p99_itl_outside_surge_ms"]
+    ratio = f"{during / outside:.2f}x" if during and outside else "n/a"
+    rows.insert(2, f'<tr><th>{_label("bench_surge", "during / outside (p99)")}</th>'
+                   f'<td data-key="chat_p99_itl_surge_over_outside">{ratio}</td></tr>')
+    return f'<table class="bench-table totals surge"><tbody>{"".join(rows)}</tbody></table>'
+
+
 def benchmark_table_html(report: dict) -> str:
-    """mean / median / p90 / p99 of TTFT, TPOT, ITL and E2EL, then the run's totals and rates."""
+    """mean / median / p90 / p99 of TTFT, TPOT, ITL and E2EL, then the run's totals and rates, then (with a surge)
+    the two request classes apart."""
     head = "".join(f"<th>{_label('mean', stat)}</th>" for stat in STATS)
     latency_rows = "".join(
         f"<tr><th>{_label(name, label)}</th>"
@@ -244,7 +267,7 @@ def benchmark_table_html(report: dict) -> str:
                       '</tr>')
     return (f'<div id="bench-table-wrap"><table class="bench-table"><thead><tr><th>latency</th>{head}</tr></thead>'
             f'<tbody>{latency_rows}</tbody></table><table class="bench-table totals"><tbody>{"".join(totals)}'
-            '</tbody></table></div>')
+            f'</tbody></table>{surge_table_html(report)}</div>')
 
 
 HISTORY_KEYS = (("output_throughput", "higher"), ("request_throughput", "higher"), ("request_goodput", "higher"),

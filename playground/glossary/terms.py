@@ -210,6 +210,11 @@ TOGGLES = {
                               "replies past EOS are meaningless text."),
     "bench_slo_ttft": Entry("TTFT objective", "Service-level objective on TTFT (ms) for goodput (0 = none).", ""),
     "bench_slo_tpot": Entry("TPOT objective", "Service-level objective on TPOT (ms) for goodput (0 = none).", ""),
+    "bench_surge": Entry("surge", "A second class of requests: COUNT random prompts of INPUT tokens asking OUTPUT "
+                         "tokens each, released at once when the other requests (the chat users) are half-way "
+                         "through their answers.", "shows what a burst of long prompts does to users who are "
+                         "decoding: the table splits the chat users' token gaps into those during the surge and "
+                         "outside it (disaggregation keeps them apart)."),
     "bench_seed": Entry("seed (workload)", "Fixes the random prompts, lengths and arrival times (and the sampling "
                         "seeds).", "the same seed gives two configurations exactly the same work."),
 }

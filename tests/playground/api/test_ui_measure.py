@@ -44,9 +44,9 @@ def compare(api, a_source="engine panel", a_changes="", b_source="engine panel",
 
 
 def benchmark(api, dataset="random", upload=None, requests=6, concurrency=0, request_rate=0, input_tokens="16",
-              output_tokens="4", prefix_tokens=0, ignore_eos=True, slo_ttft_ms=0, slo_tpot_ms=0, seed=0):
+              output_tokens="4", prefix_tokens=0, ignore_eos=True, slo_ttft_ms=0, slo_tpot_ms=0, seed=0, surge=""):
     return api.predict(dataset, upload, requests, concurrency, request_rate, input_tokens, output_tokens,
-                       prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed, api_name="/benchmark")
+                       prefix_tokens, ignore_eos, slo_ttft_ms, slo_tpot_ms, seed, surge, api_name="/benchmark")
 
 
 def outputs(outcome, label):
@@ -222,6 +222,10 @@ def test_benchmark_workload_knobs_have_their_effect(running_app):
     runs_on, _, _ = benchmark(api, dataset="chat", requests=3, output_tokens="64", ignore_eos=True)
     assert runs_on["total_output_tokens"] == 3 * 64 and stops["total_output_tokens"] < 3 * 64
     assert stops["workload"]["dataset"] == "chat"
+    surged, _, _ = benchmark(api, requests=2, input_tokens="8", output_tokens="16", surge="2:40:3", seed=3)
+    assert surged["surge_completed"] == 2 and surged["chat_completed"] == 2
+    assert surged["total_input_tokens"] == 2 * 8 + 2 * 40 and surged["workload"]["surge"]["after_tokens"] == 8
+    assert surged["chat_itl_during_surge_count"] + surged["chat_itl_outside_surge_count"] == 2 * 15
 
 
 def test_benchmark_runs_an_uploaded_jsonl(running_app, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from engine import StepRecord
 from playground.benchmark.exports import runs_csv
-from playground.benchmark.workload import parse_length
+from playground.benchmark.workload import parse_length, parse_surge, parse_workload
 from playground.compare.comparison import FIGURE_KEYS, FIGURES, summarize_rounds, token_differences
 from playground.compare.request import parse_changes
 from playground.engine_panel.form import FORM_FIELDS
@@ -25,9 +25,11 @@ from playground.figures.run_views import (
     noise_reason,
     progress_html,
     ratio_html,
+    surge_table_html,
 )
 from playground.glossary.terms import ENTRIES, element_tooltips, tooltip
 from playground.shared.errors import Refused
+from playground.shared.settings import Settings
 
 
 def run(**figures):
@@ -131,6 +133,30 @@ def test_benchmark_tables_show_a_dash_where_a_figure_does_not_apply():
     runs[1].report = faster
     ttft = history_table_html(runs).split("TTFT, mean")[1].split("</tr>")[0]
     assert "within noise" in ttft and "better" not in ttft  # one run each: a timing ratio is never coloured
+
+
+def test_a_surge_run_shows_the_chat_users_gaps_during_and_outside_it():
+    report = {"chat_itl_during_surge_count": 40, "chat_p99_itl_outside_surge_ms": 10.0,
+              "chat_p99_itl_during_surge_ms": 80.0, "chat_median_itl_during_surge_ms": 30.0, "chat_p99_ttft_ms": 5.0,
+              "surge_median_ttft_ms": 900.0, "surge_p99_ttft_ms": 1500.0, "surge_completed": 4}
+    table = surge_table_html(report)
+    assert '<td data-key="chat_p99_itl_surge_over_outside">8.00x</td>' in table
+    assert '<td data-key="surge_p99_ttft_ms">1,500.0 ms</td>' in table
+    assert surge_table_html({"chat_itl_during_surge_count": None}) == "" and surge_table_html({}) == ""
+
+
+def test_a_surge_parses_as_count_input_output_within_the_caps():
+    settings = Settings(max_bench_requests=20, max_prompt_tokens=100, max_new_tokens=50, max_bench_tokens=10_000)
+    surge = parse_surge(settings, "4:64:8", chat_output_len=32)
+    assert (surge.count, surge.input_len, surge.output_len, surge.after_tokens) == (4, 64, 8, 16)
+    assert parse_surge(settings, " ", 32) is None
+    for bad in ("4:64", "4:200:8", "0:64:8", "4:64:99", "a:b:c", None):
+        with pytest.raises(Refused):
+            parse_surge(settings, bad, 32)
+    request = parse_workload(settings, "random", None, 6, 0, 0, "16", "8", 0, True, 0, 0, 0, "4:64:8")
+    assert request.spec.surge.count == 4 and request.concurrency == 10
+    with pytest.raises(Refused, match="requests \\+ surge count = 24"):
+        parse_workload(settings, "random", None, 20, 0, 0, "16", "8", 0, True, 0, 0, 0, "4:64:8")
 
 
 def step(time, duration=0.01, batch=1, blocks=1, tokens=1):
