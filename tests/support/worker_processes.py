@@ -1,12 +1,32 @@
-"""Watching engine worker processes from a test: this process's children and listening ports, waiting for them to
-go, and collecting outputs within a deadline (tensor-parallel ranks and pipeline stages alike)."""
+"""Engines over worker processes in tests: the prompts their outputs are compared on, this process's children and
+listening ports, waiting for them to go, and collecting outputs within a deadline (tensor-parallel ranks, pipeline
+stages and disaggregated workers alike)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import torch
+
+from engine import Engine, SamplingParams
+from tests.support.tiny_models import VOCAB
+
+MAX_TOKENS = 10
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+SHARED = [int(t) for t in torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(3))]
+# short, long, two sharing a 24-token prefix (prefix caching), and a repeated token
+PROMPTS = [[5, 6, 7], list(range(10, 70)), SHARED + [1, 2], SHARED + [9], [100] * 30]
+
+
+def greedy(engine: Engine, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    """Each prompt's generated token ids, every request run to its length."""
+    outputs = engine.generate(prompts, params)
+    assert all(o.finish_reason == "length" for o in outputs), [o.error for o in outputs]
+    return [o.token_ids for o in outputs]
 
 
 def children() -> set[int]:
@@ -73,3 +93,16 @@ def results_within(handles, seconds: float) -> list:
         return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
     finally:
         pool.shutdown(wait=False)
+
+
+def close_and_check_nothing_left(engine: Engine, pids: list[int], before_children: set[int],
+                                 before_ports: set[int]) -> None:
+    """Kill whatever of `pids` is still there, close the engine, and check that no process or listening port of
+    it is left (call in a `finally`)."""
+    for pid in pids:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    engine.close()
+    assert wait_until(all_gone(pids), 5)
+    assert children() <= before_children
+    assert listening_ports() <= before_ports

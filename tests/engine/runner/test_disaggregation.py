@@ -28,10 +28,13 @@ from engine.testing import EngineProbe
 from tests.support.paths import PROJECT_ROOT
 from tests.support.tiny_models import VOCAB
 from tests.support.worker_processes import (
+    GREEDY,
+    PROMPTS,
     all_gone,
     children,
+    close_and_check_nothing_left,
     describe,
-    gone,
+    greedy,
     listening_ports,
     results_within,
     wait_until,
@@ -40,17 +43,7 @@ from tests.support.worker_processes import (
 pytestmark = pytest.mark.skipif(cpu_cores() < 2, reason="two workers need two CPU cores")
 
 DISAGG = dict(disaggregation="prefill-decode")
-GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
-SHARED = [int(t) for t in torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(3))]
-# Different lengths, a shared 24-token prefix (6 blocks of 4), and a 60-token prompt over the 16-token budget.
-PROMPTS = [[5, 6, 7], list(range(10, 70)), SHARED + [1, 2], SHARED + [9], [100] * 30]
 PAGED = dict(prefix_caching=True, block_size=4, max_num_batched_tokens=16, kv_cache_bytes=2**20)
-
-
-def greedy(engine: Engine, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
-    outputs = engine.generate(prompts, params)
-    assert all(o.finish_reason == "length" for o in outputs), [o.error for o in outputs]
-    return [o.token_ids for o in outputs]
 
 
 def held_blocks(engine: Engine) -> tuple[int, int]:
@@ -251,13 +244,7 @@ def test_a_killed_worker_fails_callers_fast_and_close_frees_everything(role, tin
         assert late.finish_reason == "error" and "build a new one" in late.error
         assert any("model steps fail" in note for note in engine.stats().notes)
     finally:
-        for pid in pids:
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
-        engine.close()
-    assert wait_until(all_gone(pids), 5)
-    assert children() <= before_children
-    assert listening_ports() <= before_ports
+        close_and_check_nothing_left(engine, pids, before_children, before_ports)
 
 
 NO_CLOSE = """

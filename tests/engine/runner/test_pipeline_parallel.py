@@ -36,21 +36,20 @@ from engine.runner.pp_worker import head_cost_in_layers, stage_layers
 from engine.runner.worker_gang import HEARTBEAT_TIMEOUT
 from engine.testing import EngineProbe
 from tests.support.paths import PROJECT_ROOT
-from tests.support.tiny_models import VOCAB
-from tests.support.worker_processes import all_gone, children, gone, listening_ports, results_within, wait_until
+from tests.support.worker_processes import (
+    GREEDY,
+    MAX_TOKENS,
+    PROMPTS,
+    all_gone,
+    children,
+    close_and_check_nothing_left,
+    greedy,
+    listening_ports,
+    results_within,
+    wait_until,
+)
 
 pipelined = pytest.mark.skipif(cpu_cores() < 2, reason="two stages need two CPU cores")
-
-MAX_TOKENS = 10
-GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-SHARED = [int(t) for t in torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(3))]
-PROMPTS = [[5, 6, 7], list(range(10, 70)), SHARED + [1, 2], SHARED + [9], [100] * 30]
-
-
-def greedy(engine: Engine, prompts=PROMPTS) -> list[list[int]]:
-    outputs = engine.generate(prompts, GREEDY)
-    assert all(o.finish_reason == "length" for o in outputs), [o.error for o in outputs]
-    return [o.token_ids for o in outputs]
 
 
 # ---- the arithmetic: layer split, micro-batches, bubbles ---------------------------------------------
@@ -327,13 +326,7 @@ def test_a_killed_stage_fails_callers_fast_and_close_frees_everything(tiny_model
         assert late.finish_reason == "error" and "build a new one" in late.error
         assert any("model steps fail" in note for note in engine.stats().notes)
     finally:
-        for pid in pids:
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
-        engine.close()
-    assert wait_until(all_gone(pids), 5)
-    assert children() <= before_children
-    assert listening_ports() <= before_ports
+        close_and_check_nothing_left(engine, pids, before_children, before_ports)
 
 
 NO_CLOSE = """import json, sys

@@ -31,29 +31,20 @@ from engine.runner.worker_gang import HEARTBEAT_TIMEOUT
 from engine.testing import EngineProbe
 from tests.support.child_scripts import CTRL_C_AS_IN_A_TERMINAL
 from tests.support.paths import PROJECT_ROOT
-from tests.support.tiny_models import VOCAB
 from tests.support.worker_processes import (
+    GREEDY,
+    PROMPTS,
     all_gone,
     children,
     describe,
     gone,
+    greedy,
     listening_ports,
     results_within,
     wait_until,
 )
 
 pytestmark = pytest.mark.skipif(cpu_cores() < 2, reason="two ranks need two CPU cores")
-
-MAX_TOKENS = 10
-GREEDY = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-SHARED = [int(t) for t in torch.randint(3, VOCAB, (24,), generator=torch.Generator().manual_seed(3))]
-PROMPTS = [[5, 6, 7], list(range(10, 70)), SHARED + [1, 2], SHARED + [9], [100] * 30]
-
-
-def greedy(engine: Engine, prompts=PROMPTS) -> list[list[int]]:
-    outputs = engine.generate(prompts, GREEDY)
-    assert all(o.finish_reason == "length" for o in outputs), [o.error for o in outputs]
-    return [o.token_ids for o in outputs]
 
 
 def reference(folder: str, **settings) -> list[list[int]]:
