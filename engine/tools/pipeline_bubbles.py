@@ -22,9 +22,11 @@ import time
 
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine.config import EngineConfig
+from engine.engine import Engine
 from engine.host import cpu_cores
 from engine.pipeline_stats import window_bubble
+from engine.sampling_params import SamplingParams
 from engine.tools.bench import resolve_bench_model
 
 SETTINGS = [("flush", 1), ("flush", 2), ("flush", 4), ("overlap", 2), ("overlap", 4)]
