@@ -295,6 +295,9 @@ class EngineConfig:
         if self.disaggregation != "off" and (pipelined or self.tensor_parallel_size > 1):
             raise ConfigError("disaggregation runs one whole model per worker; it does not combine with tensor or "
                               "pipeline parallelism here (set both sizes to 1)")
+        if self.disaggregation != "off" and self.batching == "static":
+            raise ConfigError("disaggregation batches both workers continuously (a static batch would hold every "
+                              "decode for the next prompts' prefill): set batching='continuous'")
         if self.disaggregation != "off" and self.speculative != "off":
             raise ConfigError("disaggregation does not run speculative decoding (the proposer would need the decode "
                               "worker's K/V in the engine's process): set speculative='off'")

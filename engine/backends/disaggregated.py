@@ -27,7 +27,8 @@ it: cancellation frees blocks on whichever side holds them at once, and the in-f
 still names the request is ignored.
 
 Not supported here: speculative decoding, tensor/pipeline parallelism and the hf backend (refused by
-the config); static batching (both sides batch continuously); scoring runs on the prefill worker.
+the config), and static batching (refused too: both sides batch continuously); scoring runs on the
+prefill worker.
 """
 
 from __future__ import annotations

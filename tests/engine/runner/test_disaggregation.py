@@ -279,6 +279,7 @@ def test_a_script_that_never_closes_leaves_no_worker(tiny_model_dirs, tmp_path):
     (dict(tensor_parallel_size=2), "tensor or pipeline parallelism"),
     (dict(speculative="ngram"), "speculative decoding"),
     (dict(backend="hf"), "hf backend"),
+    (dict(batching="static"), "batching='continuous'"),
 ])
 def test_combinations_it_does_not_run_are_refused(setting, words, tiny_model_dirs):
     with pytest.raises(ConfigError, match=words):
