@@ -154,7 +154,7 @@ def abandoned_benchmark(base, gradio_client, source: str) -> list[Outcome]:
     fn_index = next(dependency["id"] for dependency in gradio_client.config["dependencies"]
                     if dependency.get("api_name") == "benchmark")
     session = uuid.uuid4().hex
-    slowest = ["random", None, 64, 0, 1.0, "8", "4", 0, True, 0, 0, 0, None]  # 64 s at one request per second
+    slowest = ["random", None, 64, 0, 1.0, "8", "4", 0, True, 0, 0, 0, "", None]  # 64 s at one request per second
     abandoned.status, raw = _post(base, source, "/gradio_api/queue/join",
                                   {"data": slowest, "fn_index": fn_index, "session_hash": session})
     if abandoned.status != 200:

@@ -31,7 +31,7 @@ def running_app(tmp_path_factory):
 
 def slow_benchmark() -> list:
     """64 requests at the minimum rate of one per second: a minute of measuring, were it not capped."""
-    return ["random", None, 64, 0, 1.0, "8", "4", 0, True, 0, 0, 0]
+    return ["random", None, 64, 0, 1.0, "8", "4", 0, True, 0, 0, 0, ""]
 
 
 def slot_is_free(app, seconds: float) -> bool:
