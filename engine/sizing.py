@@ -93,5 +93,8 @@ def estimate_memory(config: EngineConfig | EnginePlan) -> MemoryEstimate:
         draft_kv = plan.num_kv_blocks * bytes_per_block(plan.draft.spec, plan.block_size, plan.kv_dtype)
     rank_kv = (plan.num_kv_blocks * bytes_per_block(rank_kv_spec(plan.spec, size), plan.block_size,
                                                   plan.kv_dtype),) * size
+    if config.disaggregation != "off":  # two workers, each a whole model with a pool of its own
+        rank_weights, rank_kv = rank_weights * 2, rank_kv * 2
+        weights = sum(rank_weights)
     return MemoryEstimate(weights, sum(rank_kv) + draft_kv, plan.kv_bytes_per_token, plan.num_kv_blocks,
                           rank_weights, rank_kv)

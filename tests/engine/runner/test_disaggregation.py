@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from engine import ConfigError, Engine, EngineConfig, SamplingParams
+from engine import ConfigError, Engine, EngineConfig, SamplingParams, estimate_memory
 from engine.host import cpu_cores
 from engine.runner.worker_gang import HEARTBEAT_TIMEOUT
 from engine.testing import EngineProbe
@@ -83,6 +83,17 @@ def test_greedy_output_equals_one_process(gqa):
     assert stats.prefix_cache_hit_rate > 0
     assert stats.kv_blocks_free == stats.kv_blocks_total
     assert held_blocks(engines["prefill-decode"]) == (0, 0)
+
+
+def test_the_memory_estimate_counts_both_workers(gqa):
+    """Two whole models and two pools: the estimate before loading matches each worker's bytes and their sum."""
+    config, engines, _, _, _ = gqa
+    estimate = estimate_memory(config.replace(disaggregation="prefill-decode"))
+    stats = engines["prefill-decode"].stats()
+    assert estimate.rank_weights_bytes == stats.rank_weights_bytes and len(stats.rank_weights_bytes) == 2
+    assert estimate.rank_kv_cache_bytes == stats.rank_kv_cache_bytes
+    assert estimate.total_bytes == stats.weights_bytes + stats.kv_cache_bytes
+    assert estimate.weights_bytes == 2 * estimate_memory(config).weights_bytes
 
 
 def test_seeded_sampling_and_logprobs_equal_one_process(gqa):
