@@ -260,7 +260,8 @@ class EngineConfig:
                               f"{self.pipeline_micro_batches!r}")
         self._validate_process_layout()
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
-            reason = worker_processes_reason(self.processes, self.device, "processes (stages x ranks)",
+            reason = worker_processes_reason(self.tensor_parallel_size * self.pipeline_parallel_size, self.device,
+                                             "processes (stages x ranks)",
                                              "processes sharing a core would stall every collective")
             if reason:
                 raise ConfigError(f"pipeline_parallel_size={self.pipeline_parallel_size} x tensor_parallel_size="
@@ -308,14 +309,6 @@ class EngineConfig:
         if self.pipeline_micro_batches is not None and not pipelined:
             raise ConfigError("pipeline_micro_batches splits a step between pipeline stages: it needs "
                               "pipeline_parallel_size > 1 (or leave it unset)")
-
-    @property
-    def processes(self) -> int:
-        """Worker processes this configuration runs the model in (0: in the engine's own process)."""
-        if self.disaggregation != "off":
-            return 2
-        count = self.tensor_parallel_size * self.pipeline_parallel_size
-        return count if count > 1 else 0
 
     @property
     def resolved_device(self) -> str:

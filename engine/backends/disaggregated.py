@@ -46,8 +46,6 @@ from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
 from engine.info import EngineStats, StepRecord
 from engine.plan import EnginePlan
-from engine.quant.storage import parameter_count
-from engine.runner.build import meta_model
 from engine.runner.disagg_worker import DECODE_RANK, PREFILL_RANK, RECV_KV, SEND_KV, DisaggWorkerSpec, run_disagg_worker
 from engine.runner.step_plan import SequenceChunk, StepPlan, plan_step
 from engine.runner.worker_gang import WorkerFailure, WorkerGang
@@ -92,11 +90,8 @@ class DisaggregatedBackend(NativeBackend):
 
     def __init__(self, plan: EnginePlan):
         config = plan.config
-        self.device = plan.device
-        self.spec = plan.spec
-        self.block_size = plan.block_size
+        self._take_plan(plan)
         self.kv_block_bytes = plan.kv_block_bytes
-        torch.manual_seed(config.seed)
         # Each worker gets a pool of the plan's size: the configured KV budget is per worker (plan.py counts both).
         self.prefill_blocks = BlockManager(plan.num_kv_blocks, plan.block_size, config.prefix_caching)
         self.decode_blocks = BlockManager(plan.num_kv_blocks, plan.block_size, False)
@@ -107,8 +102,6 @@ class DisaggregatedBackend(NativeBackend):
         self.speculator = None
         self.draft_runner = None
         self.draft_weights_bytes = self.draft_num_params = 0
-        self.num_params = parameter_count(meta_model(self.spec, plan.dtype, "none", self.device))
-        self.steps = 0
         self.profiler = None
         settings = runner_settings(plan)
         threads = max(1, torch.get_num_threads() // 2)

@@ -96,12 +96,9 @@ class NativeBackend:
 
     def __init__(self, plan: EnginePlan):
         config = plan.config
-        self.device = plan.device
-        self.spec = plan.spec
-        self.block_size = plan.block_size
+        self._take_plan(plan)
         self.kv_block_bytes = plan.kv_block_bytes - (bytes_per_block(plan.draft.spec, plan.block_size, plan.kv_dtype)
                                                      if plan.draft else 0)
-        torch.manual_seed(config.seed)
         self.block_manager = BlockManager(plan.num_kv_blocks, plan.block_size, config.prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.batching, config.max_num_seqs,
                                    config.max_num_batched_tokens, mirrors_draft_kv=plan.draft is not None)
@@ -115,11 +112,19 @@ class NativeBackend:
         elif config.speculative == "ngram":
             self.speculator = Speculator(NgramProposer(), config.num_speculative_tokens, plan.max_model_len)
         self.draft_weights_bytes = weight_storage_bytes(self.draft_runner.model) if self.draft_runner else 0
-        self.num_params = parameter_count(meta_model(self.spec, plan.dtype, "none", self.device))
         self.draft_num_params = parameter_count(self.draft_runner.model) if self.draft_runner else 0
-        self.steps = 0
         # Sections are timed on this thread: the model must run here (one process) and synchronously (a CPU).
         self.profiler = StepProfiler(enabled=self.device == "cpu" and isinstance(self.executor, LocalExecutor))
+
+    def _take_plan(self, plan: EnginePlan) -> None:
+        """What every native backend keeps of its plan (this one and the disaggregated one): the device, the model's
+        shape and parameter count, the block size; the seed set, the step count at zero."""
+        self.device = plan.device
+        self.spec = plan.spec
+        self.block_size = plan.block_size
+        self.num_params = parameter_count(meta_model(self.spec, plan.dtype, "none", self.device))
+        self.steps = 0
+        torch.manual_seed(plan.config.seed)
 
     def add(self, request: Request) -> None:
         self.scheduler.add(request)

@@ -40,10 +40,6 @@ class TensorParallelExecutor:
             f"tensor_parallel_size={size}", [f"tensor-parallel rank {rank}" for rank in range(size)],
             lambda rank, port, parent: WorkerSpec(rank, size, port, threads, parent, settings), run_worker, {0})
 
-    @property
-    def rendezvous_port(self) -> int:
-        return self.gang.rendezvous_port
-
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """Rank 0's float32 logits for `plan`; raises WorkerFailure if any rank fails meanwhile."""
         with self._step_lock:
