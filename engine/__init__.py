@@ -3,8 +3,8 @@
 Public API (docs/architecture.md): `Engine`, `EngineConfig`, `SamplingParams`, their outputs, records
 and errors; the plan a configuration resolves to (`plan_engine`) and its memory (`estimate_memory`);
 the catalogue helpers the playground and the bench need (presets, curated models, the availability of
-each choice on this host); and the tools' workloads, measurement and roofline (`engine/tools/`), so
-the playground measures exactly as `python -m engine.bench` does. Importable without gradio; code
+each choice on this host); and the tools' workloads, measurement, roofline and what-if hardware projection
+(`engine/tools/`), so the playground measures exactly as `python -m engine.bench` does. Importable without gradio; code
 outside `engine/` imports only these names.
 """
 
@@ -27,19 +27,21 @@ from engine.sampling_params import GUIDED_KINDS, MAX_SPEC_CHARS, MAX_TOP_LOGPROB
 from engine.sizing import MemoryEstimate, estimate_memory
 from engine.tools.export import TARGETS as EXPORT_TARGETS
 from engine.tools.export import ExportResult, export_command, format_export
+from engine.tools.hardware_projection import HardwareProjection
 from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
+from engine.tools.what_if import project_hardware
 from engine.tools.workloads import BenchRequest, SurgeSpec, WorkloadSpec, build_workload, resolve_dataset
 
 drop_unactionable_library_logs()
 
 __all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "EXPORT_TARGETS", "Engine",
            "EngineConfig", "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "ExportResult", "GOODPUT_METRICS",
-           "GUIDED_KINDS", "GuidedDecoding", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry",
-           "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError", "RequestMetrics", "RequestOutput",
-           "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec",
-           "bench_report", "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
-           "engine_roofline", "estimate_memory", "export_command", "format_export", "hub_repo",
-           "import_serving_modules", "list_models", "list_presets", "load_preset", "measure_engine", "parse_sets",
-           "plan_engine", "preset_description", "resolve_dataset", "resolve_model_path", "tensor_parallel_reason",
-           "unavailable_reason"]
+           "GUIDED_KINDS", "GuidedDecoding", "HardwareProjection", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS",
+           "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError",
+           "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta",
+           "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload", "check_goodput_slos",
+           "choice_note", "describe_device", "device_ceilings", "engine_roofline", "estimate_memory", "export_command",
+           "format_export", "hub_repo", "import_serving_modules", "list_models", "list_presets", "load_preset",
+           "measure_engine", "parse_sets", "plan_engine", "preset_description", "project_hardware", "resolve_dataset",
+           "resolve_model_path", "tensor_parallel_reason", "unavailable_reason"]
