@@ -138,8 +138,10 @@ def toggle_for(work: StepWorkPerStep, bound: str, setting: Setting, device: Devi
             return (f"kv_cache_dtype=int8 or fewer KV heads (gqa): K/V are {work.kv_bytes / work.bytes:.0%} of the "
                     "bytes read")
         share = f"weights are {work.weight_bytes / work.bytes:.0%} of the bytes read"
-        if setting.precision == "fp32":
+        if setting.precision == "fp32" and setting.gpu:
             return f"dtype=bfloat16: half the weight bytes ({share})"
+        if setting.precision == "fp32" and not setting.quantized:
+            return f"quantization=native-int8: a quarter of the weight bytes, in the engine's CPU kernels ({share})"
         if not setting.quantized:
             return f"quantization (8- or 4-bit weights): 1/2 to 1/4 of the weight bytes ({share})"
         return f"a bigger batch: the weights are read once for more tokens ({share})"

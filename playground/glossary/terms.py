@@ -260,6 +260,28 @@ FIGURES = {
                       "intensity x bandwidth: memory-bound; above it, the peak: compute-bound.", ""),
     "fraction_of_ceiling": Entry("fraction of its ceiling", "Achieved FLOP/s over what the roofline allows at the "
                                  "phase's intensity (for a memory-bound phase: bytes/s over the bandwidth).", ""),
+    "projected_step": Entry("projected step time (estimate)", "What-if hardware: a measured step's work priced on "
+                            "another device, max(FLOPs / peak FLOP/s at the configuration's precision, bytes / "
+                            "memory bandwidth) + overhead, from the device's published dense figures. TTFT ≈ one "
+                            "mean prefill step; TPOT ≈ one decode step at the measured batch size; tokens/s = batch "
+                            "/ TPOT. An estimate, not a measurement.", "as good as its overhead term: the GPU's was "
+                            "fitted to the committed GPU runs, which the tab shows beside their projections."),
+    "step_overhead": Entry("per-step overhead", "The part of a step that neither roof counts: kernel launches, "
+                           "scheduling, sampling, Python. On a GPU: base + per-sequence x batch, fitted by least "
+                           "squares to (measured TPOT - roofline time) of the committed make gpu-check runs (eager "
+                           "PyTorch, no CUDA graphs). On the device the steps ran on: the measured step time minus "
+                           "its roofline time.", "CUDA graphs and bigger batches shrink it per token; a faster GPU "
+                           "does not."),
+    "projected_bound": Entry("bound (projected)", "Which of the three terms of the projected step time is largest: "
+                             "compute (FLOPs / peak), memory (bytes / bandwidth) or overhead.", ""),
+    "projected_toggle": Entry("toggle that would move it most", "Read from the dominant term: overhead-bound decode "
+                              "on a GPU: CUDA graphs, else a bigger batch; memory-bound: whichever bytes dominate "
+                              "(K/V: int8 KV cache or fewer KV heads; weights: bfloat16 from float32 on a GPU, "
+                              "native-int8 on a CPU, else quantization, else a bigger batch); compute-bound: "
+                              "bfloat16 from float32 where the device's tensor cores are faster, else prefix caching "
+                              "(prefill) or fewer FLOPs.", ""),
+    "projection_error": Entry("projection error", "Projected / measured - 1, for the decode TPOT of a committed GPU "
+                              "run on the same device: how far the estimate is from what that device did.", ""),
     "guided_mask_ms": Entry("guided mask per token", "Structured output's cost in a run: the engine's measured time "
                             "computing and applying the grammar's token masks, summed over the run's finished "
                             "requests, per output token (– for a side without structured output).", ""),

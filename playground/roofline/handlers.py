@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from engine import EngineError, device_ceilings, engine_roofline
+from engine import EngineError, device_ceilings, engine_roofline, project_hardware
 from playground.figures.configuration import config_summary
+from playground.figures.projection_view import projection_html
 from playground.figures.roofline_chart import roofline_summary_html, roofline_svg
 from playground.roofline.probe import run_probe
 from playground.shared.context import PlaygroundContext
@@ -27,31 +28,38 @@ from playground.shared.errors import Refused
 
 PROBE, LAST_MINUTE, EVERYTHING = "the probe's steps", "the last 60 s", "every recorded step"
 WINDOWS = (PROBE, LAST_MINUTE, EVERYTHING)
-OUTPUTS = ("rl_chart", "rl_summary", "rl_report", "rl_probe_started", "rl_window")
+OUTPUTS = ("rl_chart", "rl_summary", "rl_projection", "rl_report", "rl_probe_started", "rl_window")
 
 
 @dataclass
 class RooflineView:
-    """What the tab shows, the report as plain data (the API's answer), or why there is none."""
+    """What the tab shows (the roofline, then the what-if projection), the report as plain data (the API's answer,
+    with the projection under "projection"), or why there is none."""
 
     chart: str
     summary: str
+    projection: str
     report: dict | None
     reason: str | None = None
 
     @classmethod
     def unavailable(cls, reason: str) -> RooflineView:
-        return cls(roofline_svg(None), roofline_summary_html(None, reason), None, reason)
+        return cls(roofline_svg(None), roofline_summary_html(None, reason), projection_html(None), None, reason)
 
 
 def roofline_view(engine, since: float, title: str = "", refresh: bool = False) -> RooflineView:
-    """The chart, the words and the table of `engine`'s steps after `since`; the reason where it cannot tell."""
+    """The chart, the words and the table of `engine`'s steps after `since`, and their projection onto other
+    devices; the reason where it cannot tell."""
     try:
         report = engine_roofline(engine, since, refresh=refresh)
     except ValueError as error:
         return RooflineView.unavailable(str(error))
     heading = f'<div class="rl-config">{html.escape(title)}</div>' if title else ""
-    return RooflineView(heading + roofline_svg(report), roofline_summary_html(report), report.to_dict())
+    has_steps = report.prefill is not None or report.decode is not None
+    projection = project_hardware(report, engine.info) if has_steps else None
+    answer = {**report.to_dict(), "projection": projection.to_dict() if projection else None}
+    return RooflineView(heading + roofline_svg(report), roofline_summary_html(report),
+                        projection_html(projection), answer)
 
 
 class RooflineHandlers:
@@ -95,7 +103,7 @@ class RooflineHandlers:
 
     @staticmethod
     def _outputs(view: RooflineView, probe_started: float, window: str) -> tuple:
-        return view.chart, view.summary, view.report, probe_started, window
+        return view.chart, view.summary, view.projection, view.report, probe_started, window
 
     @staticmethod
     def _window(window, probe_started) -> tuple[str, float]:

@@ -1,24 +1,27 @@
 """The Roofline tab's layout and wiring: which steps to place, Run probe, Refresh, Measure ceilings again, the
-chart and its summary, and `/roofline` for API clients.
+chart and its summary, the what-if projection onto other devices, and `/roofline` for API clients.
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
+from playground.figures.projection_view import projection_html
 from playground.figures.roofline_chart import roofline_summary_html, roofline_svg
 from playground.roofline.handlers import EVERYTHING, OUTPUTS, WINDOWS, RooflineHandlers
 
 # element id -> glossary term, for the tooltips
 TOOLTIPS = {"rl-window": "roofline_window", "rl-probe": "roofline_probe", "rl-remeasure": "roofline_remeasure",
-            "rl-chart": "ceilings"}
+            "rl-chart": "ceilings", "rl-projection": "projected_step"}
 INTRO = ("**Roofline**: where this configuration's steps sit against the limits of this device. A step that "
          "reads more bytes than it does arithmetic per byte (decode: every weight for one token per sequence) is "
          "limited by memory bandwidth (the slope); one with enough arithmetic per byte (a long prefill) by the "
          "matmul peak (the flat roof). FLOPs and bytes are counted from the model's shapes and each step's batch "
          "(weights read once per step at their real, quantized if so, size; K/V read and written; attention's "
          "query-key pairs); the ceilings are measured on this machine once and cached. **Run probe** sends a "
-         "short workload to the active engine (1, then 4, then 16 sequences of 128 prompt tokens, 32 out).")
+         "short workload to the active engine (1, then 4, then 16 sequences of 128 prompt tokens, 32 out). Below, "
+         "**what-if hardware**: the same steps' work priced on GPUs from their published FLOP/s and bandwidth, plus "
+         "a per-step overhead fitted to the committed GPU runs: estimates, not measurements.")
 
 
 def build_roofline_tab(ui: dict) -> None:
@@ -34,6 +37,7 @@ def build_roofline_tab(ui: dict) -> None:
     ui["rl_chart"] = gr.HTML(roofline_svg(None), elem_id="rl-chart", elem_classes=["chart-html"])
     ui["rl_summary"] = gr.HTML(roofline_summary_html(None, "Run probe, or Refresh after chatting."),
                                elem_id="rl-summary")
+    ui["rl_projection"] = gr.HTML(projection_html(None), elem_id="rl-projection")
     ui["rl_report"] = gr.JSON(visible=False, label="roofline report")
     ui["rl_probe_started"] = gr.State(0.0)
 

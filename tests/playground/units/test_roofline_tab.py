@@ -91,14 +91,19 @@ def test_tab_handlers_load_probe_show_and_refuse(tiny_llama_dir):
     tab = RooflineHandlers(app)
     session = app.new_session()
     try:
-        chart, summary, report, started, window = tab.show(PROBE, 0.0, session)
+        chart, summary, projection, report, started, window = tab.show(PROBE, 0.0, session)
         assert report is None and "not loaded" in summary and window == EVERYTHING
-        chart, summary, report, started, window = tab.probe(session)
+        assert "appear here once" in projection
+        chart, summary, projection, report, started, window = tab.probe(session)
         assert window == PROBE and started > 0 and report["decode"]["steps"] > 0
+        # the what-if section: the probe's phases on every device, marked as estimates, in the HTML and the answer
+        devices = [device["device"] for device in report["projection"]["devices"]]
+        assert devices[0].endswith("(measured here)") and "NVIDIA H200" in devices and len(devices) == 7
+        assert projection.count('class="pj-row"') == 7 * (1 + len(PROBE_BATCHES)) and "estimates, not" in projection
         assert any(verdict in summary for verdict in ("memory-bound", "compute-bound", "neither bound: overhead"))
-        again = tab.show(PROBE, started, session)[2]
+        again = tab.show(PROBE, started, session)[3]
         assert again["decode"] == report["decode"]  # the probe's window: the same steps, the same numbers
-        everything = tab.show(EVERYTHING, started, session)[2]
+        everything = tab.show(EVERYTHING, started, session)[3]
         assert everything["decode"]["steps"] >= report["decode"]["steps"]
         assert tab.api_roofline(False, session)["ceilings"]["source"] == "cache"
         session.config = session.config.replace(backend="hf")
