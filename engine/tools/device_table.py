@@ -52,7 +52,7 @@ GPUS: tuple[DeviceSpec, ...] = (
                80 * GIGA, "NVIDIA H100 datasheet (SXM): FP32 67 TFLOPS, BF16 1,979 TFLOPS and INT8 3,958 TOPS with "
                "sparsity (half dense), 3.35 TB/s HBM3, 80 GB"),
     H200,
-    _slice(H200, 0.5, "ZeroGPU slice (half an H200, assumed)", 70 * GIGA,
+    _slice(H200, 0.5, "ZeroGPU (half an H200, assumed)", 70 * GIGA,
            "Hugging Face's ZeroGPU docs (huggingface.co/docs/hub/spaces-zerogpu): \"GPU Type: Nvidia H200 slice, "
            "Available VRAM: 70GB per workload\". They give no compute or bandwidth for the slice; assumed here: half "
            "an H200's (70 of its 141 GB, as a MIG slice gets its share of SMs and memory bandwidth)"),

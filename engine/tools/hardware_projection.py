@@ -129,7 +129,7 @@ def toggle_for(work: StepWorkPerStep, bound: str, setting: Setting, device: Devi
     decode = not work.is_prefill
     if bound == "overhead":
         if decode and setting.gpu and not setting.cuda_graphs:
-            return "CUDA graphs (attention=flash-attn): one graph replay instead of launching every operator"
+            return "CUDA graphs (attention=flash-attn): one replay instead of launching each operator"
         if decode:
             return "a bigger batch (more requests at once, max_num_seqs): the fixed cost per step is shared"
         return "more prompts per step (max_num_batched_tokens): the fixed cost per step is shared"
@@ -186,7 +186,7 @@ class DeviceProjection:
 
     device: DeviceSpec
     measured_here: bool
-    overhead: str        # where its overhead term comes from, in words
+    overhead: str        # where its figures and its overhead term come from, in words
     prefill: StepEstimate | None
     decode: list[StepEstimate]
     checks: list[MeasuredCheck] = field(default_factory=list)
@@ -244,21 +244,22 @@ def project(report: RooflineReport, info: EngineInfo, devices: tuple[DeviceSpec,
                                                                 device.bandwidth)), 0.0)
 
     here = _measured_device(report, precision)
-    rows = [(here, True, "what each measured step took beyond its roofline time",
+    rows = [(here, True, "measured ceilings; overhead: what each measured step took beyond its roofline time",
              on(here, Setting(precision, quantized, info.cuda_graphs, info.device == "cuda"), residual))]
-    gpu_overhead = (f"calibrated on the committed GPU runs: {1e3 * overhead.base:.1f} ms + "
-                    f"{1e3 * overhead.per_sequence:.2f} ms per sequence, eager (no CUDA graphs)")
     for device in devices:
-        rows.append((device, False, gpu_overhead, on(device, Setting(precision, quantized, False, True),
-                                                     lambda work, _: overhead.seconds(work.batch))))
+        rows.append((device, False, "published figures; overhead: the GPU fit",
+                     on(device, Setting(precision, quantized, False, True),
+                        lambda work, _: overhead.seconds(work.batch))))
     projections = []
     for device, measured_here, source, estimates in rows:
         first = estimates[0] if prefill else None
         projections.append(DeviceProjection(
             device, measured_here, source, first, estimates[1:] if prefill else estimates,
             [check for check in checks or [] if not measured_here and check.device == device.name]))
-    notes = [f"estimates: every step priced at {precision} peak and the published bandwidth, plus a per-step "
-             "overhead; not measurements"]
+    notes = [f"estimates: every step priced at the {precision} peak and the bandwidth, plus a per-step overhead; "
+             "not measurements",
+             f"GPU overhead (the GPU fit): {1e3 * overhead.base:.1f} ms + {1e3 * overhead.per_sequence:.2f} ms per "
+             "sequence a step, fitted to the committed GPU runs (eager PyTorch, no CUDA graphs)"]
     if info.quantization in INTEGER_LEVELS:
         notes.append(f"{info.quantization} runs only on a CPU here; the GPUs are priced as if int8 kernels ran it")
     return HardwareProjection(precision, projections, notes)

@@ -15,6 +15,7 @@ from playground.glossary.terms import tooltip
 
 WIDTH, LABEL, RIGHT, BAR, GAP, TOP = 640, 200, 70, 16, 8, 28
 COLOURS = {"memory": "#4f46e5", "compute": "#f97316", "overhead": "#94a3b8"}
+MEASURED_LABEL = "this machine (measured)"
 
 
 def _ms(seconds: float) -> str:
@@ -38,16 +39,15 @@ def _device_cell(device: dict, rows: int) -> str:
         errors = [check["error"] for check in checks]
         name += (f'<div class="pj-checked">checked on its committed run: {min(errors):+.1%} to {max(errors):+.1%} '
                  "(decode TPOT, projected vs measured)</div>")
-    note = "measured ceilings; overhead = " if device["measured_here"] else "published figures; overhead "
     return (f'<td rowspan="{rows}" class="pj-device" title="{html.escape(device["source"])}">{name}'
-            f'<div class="pj-source">{html.escape(note + device["overhead"])}</div></td>')
+            f'<div class="pj-source">{html.escape(device["overhead"])}</div></td>')
 
 
 def _row(step: dict) -> str:
-    tokens = "prompt tok/s" if step["phase"] == "prefill" else "tok/s"
-    cells = [_step_name(step), f"≈ {_ms(step['seconds'])} ms", f"≈ {step['tokens_per_second']:,.0f} {tokens}",
-             _ms(step["compute_seconds"]), _ms(step["memory_seconds"]), _ms(step["overhead_seconds"])]
-    return ("".join(f"<td>{html.escape(cell)}</td>" for cell in cells)
+    numbers = [f"≈ {_ms(step['seconds'])} ms", f"≈ {step['tokens_per_second']:,.0f}", _ms(step["compute_seconds"]),
+               _ms(step["memory_seconds"]), _ms(step["overhead_seconds"])]
+    return (f'<td class="pj-step">{html.escape(_step_name(step))}</td>'
+            + "".join(f'<td class="pj-num">{html.escape(cell)}</td>' for cell in numbers)
             + f'<td class="pj-bound pj-{step["bound"]}">{html.escape(step["bound"])}</td>'
             f'<td class="pj-toggle">{html.escape(step["toggle"])}</td>')
 
@@ -58,7 +58,8 @@ def projection_table_html(projection: HardwareProjection | None, reason: str | N
     if projection is None:
         return f'<div class="pj-view" id="projection-table"><p>{html.escape(reason or "")}</p></div>'
     data = projection.to_dict()
-    head = ("<tr><th>device</th><th>step</th>" + _header("estimate", "projected_step") + "<th>throughput (est.)</th>"
+    head = ("<tr><th>device</th><th>step</th>" + _header("estimate", "projected_step")
+            + "<th>tokens/s (est.; prefill: prompt tokens)</th>"
             + _header("compute ms", "projected_step") + _header("memory ms", "projected_step")
             + _header("overhead ms", "step_overhead") + _header("bound", "projected_bound")
             + _header("toggle that would move it most", "projected_toggle") + "</tr>")
@@ -96,14 +97,15 @@ def projection_chart_svg(projection: HardwareProjection | None) -> str:
     devices = [device for device in projection.to_dict()["devices"] if device["decode"]] if projection else []
     if not devices:
         return '<div class="hchart-empty" id="projection-chart">no decode steps to project yet</div>'
-    steps = [(device["device"], device["decode"][-1]) for device in devices]
+    steps = [(MEASURED_LABEL if device["measured_here"] else device["device"], device["decode"][-1])
+             for device in devices]
     longest = max(step["seconds"] for _, step in steps) or 1.0
     scale = (WIDTH - LABEL - RIGHT) / longest
     height = TOP + len(steps) * (BAR + GAP) + 24
     parts = [f'<svg viewBox="0 0 {WIDTH} {height}" class="projection-svg" role="img" xmlns="http://www.w3.org/2000/svg"'
              ' aria-label="estimated decode step per device">',
-             f'<text x="{LABEL}" y="16" class="pj-title">decode TPOT at batch {steps[0][1]["batch"]:.3g}, estimated: '
-             "the binding roof, then the per-step overhead (ms)</text>"]
+             f'<text x="8" y="16" class="pj-title">decode TPOT at batch {steps[0][1]["batch"]:.3g}, estimated (ms): '
+             "the binding roof, then the per-step overhead</text>"]
     for index, (name, step) in enumerate(steps):
         y = TOP + index * (BAR + GAP)
         roof = "memory" if step["memory_seconds"] >= step["compute_seconds"] else "compute"

@@ -110,7 +110,7 @@ def test_a_report_is_projected_on_its_own_device_as_measured_and_on_each_gpu_wit
 
 def test_the_device_table_names_a_source_for_every_figure():
     assert [device.name for device in GPUS] == ["NVIDIA L4", "NVIDIA A10G", "NVIDIA A100 80GB", "NVIDIA H100 SXM",
-                                                "NVIDIA H200", "ZeroGPU slice (half an H200, assumed)"]
+                                                "NVIDIA H200", "ZeroGPU (half an H200, assumed)"]
     for device in GPUS:
         assert set(device.peak_flops) == {"fp32", "bf16", "int8"} and device.source
         assert device.peak_flops["bf16"] > device.peak_flops["fp32"] and device.bandwidth > 0

@@ -1,7 +1,8 @@
 """The Roofline tab and the chat tab's quality panel in a real headless Chromium (as test_chat_and_panel.py does).
 
 A person's path: open the Roofline tab, run the probe, read the chart (the roof, the ridge, prefill and decode at
-each batch size) and the verdict; in the chat tab, measure the perplexity beside the weights. The screenshot of the
+each batch size), the verdict and what the same steps would take on the GPUs of the what-if table; in the chat
+tab, measure the perplexity beside the weights. The screenshot of the
 tab goes to PLAYGROUND_SCREENSHOT_DIR when set (the README's image is made that way), else to a temporary folder.
 """
 
@@ -33,6 +34,16 @@ def test_roofline_tab_probes_and_places_prefill_and_decode(page, shots):
     assert ("memory-bound" in summary or "neither bound: overhead" in summary) and "matmul peak" in summary
     assert page.locator("#rl-chart polyline.rl-roof").count() == 1
     tall_screenshot(page, shots / "roofline.png", 1250)
+    # what-if hardware: the same steps on every device of the table, marked as estimates, the H200 checked
+    table = page.locator("#projection-table table.pj-table")
+    table.scroll_into_view_if_needed()
+    assert table.is_visible() and page.locator("#projection-chart g.pj-bar").count() == 7
+    rows = page.eval_on_selector_all("#projection-table tr.pj-row", "rows => rows.map(r => r.dataset.device)")
+    assert len(rows) == 7 * 4 and "NVIDIA H200" in rows and rows[0].endswith("(measured here)")
+    text = page.inner_text("#rl-projection")
+    assert "estimates, not measurements" in text and "checked on its committed run" in text
+    assert "TPOT at batch 16" in text
+    page.locator("#rl-projection").screenshot(path=str(shots / "roofline-what-if.png"))
 
 
 def test_quality_panel_measures_perplexity_beside_the_weights(page):

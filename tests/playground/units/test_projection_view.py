@@ -42,7 +42,7 @@ def test_chart_draws_each_devices_decode_step_as_its_terms(projection):
     svg = projection_chart_svg(projection)
     bars = re.findall(r'<g class="pj-bar" data-device="([^"]+)" data-seconds="([^"]+)".*?<rect x="[^"]+" y="[^"]+" '
                       r'width="([^"]+)".*?<rect x="([^"]+)" y="[^"]+" width="([^"]+)"', svg)
-    assert [bar[0] for bar in bars] == ["test CPU (measured here)", "test GPU"]
+    assert [bar[0] for bar in bars] == ["this machine (measured)", "test GPU"]
     longest = max(float(bar[1]) for bar in bars)
     for (_, seconds, roof, overhead_x, overhead), device in zip(bars, projection.devices, strict=True):
         step = device.decode[-1]  # the largest batch
