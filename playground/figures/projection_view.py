@@ -73,8 +73,8 @@ def projection_table_html(projection: HardwareProjection | None, reason: str | N
                         "</tr>")
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in data["notes"])
     return (f'<div class="pj-view" id="projection-table"><h4>What-if hardware (estimates, not measurements)</h4>'
-            f'<ul class="pj-notes">{notes}</ul><table class="rl-table pj-table">{head}{"".join(body)}</table>'
-            f"{checks_html(projection)}</div>")
+            f'<ul class="pj-notes">{notes}</ul><div class="pj-scroll"><table class="rl-table pj-table">{head}'
+            f'{"".join(body)}</table></div>{checks_html(projection)}</div>')
 
 
 def checks_html(projection: HardwareProjection) -> str:
@@ -86,9 +86,10 @@ def checks_html(projection: HardwareProjection) -> str:
                    f'<td>{c["batch"]}</td><td>{_ms(c["measured_seconds"])}</td><td>≈ {_ms(c["projected_seconds"])}'
                    f'</td><td>{c["error"]:+.1%}</td></tr>' for c in rows)
     return ("<p class='pj-checks-title'>Projected beside measured: the committed <code>make gpu-check</code> runs' "
-            "decode TPOT (the GPU overhead is fitted to these points)</p><table class='rl-table pj-checks'><tr>"
+            "decode TPOT (the GPU overhead is fitted to these points)</p><div class='pj-scroll'><table "
+            "class='rl-table pj-checks'><tr>"
             "<th>device</th><th>run: model</th><th>batch</th><th>measured ms</th><th>projected ms</th>"
-            f"{_header('error', 'projection_error')}</tr>{body}</table>")
+            f"{_header('error', 'projection_error')}</tr>{body}</table></div>")
 
 
 def projection_chart_svg(projection: HardwareProjection | None) -> str:
