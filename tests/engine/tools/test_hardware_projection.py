@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.tools.device_table import GPUS, H200, DeviceSpec
+from engine.tools.device_table import GPUS, H200
 from engine.tools.gpu_calibration import checks, committed_runs, decode_work, fit_overhead
 from engine.tools.hardware_projection import (
     Overhead,
@@ -17,12 +17,10 @@ from engine.tools.hardware_projection import (
     precision_of,
     project,
 )
-from engine.tools.roofline import DeviceCeilings, ModelWork, analyze
+from engine.tools.roofline import analyze
 from engine.tools.what_if import calibration, describe_calibration
-from tests.engine.tools.test_roofline import _decode_step, _prefill_step
+from tests.support.roofline_steps import CEILINGS, DEVICE, INFO, WORK, decode_step, prefill_step
 
-# 10 TFLOP/s in fp32, 100 in bf16, 100 GB/s
-DEVICE = DeviceSpec("test GPU", {"fp32": 1e13, "bf16": 1e14, "int8": 2e14}, 1e11, 1e10, "hand-made")
 GPU_BF16 = Setting("bf16", quantized=False, cuda_graphs=False, gpu=True)
 H200_ERROR = 0.08  # the largest |projected / measured - 1| over the committed H200 run's decode points
 
@@ -81,17 +79,11 @@ def test_precision_follows_the_dtype_and_the_integer_levels():
     assert precision_of("float32", "native-int8") == "int8"
 
 
-CEILINGS = DeviceCeilings(device="test CPU", dtype="float32", threads=2, peak_flops=1e11, bandwidth=1e10,
-                          matmul_size=8, bandwidth_bytes=8, measured_at="now", seconds=0.0)
-WORK = ModelWork(linear_flops_per_token=2e6, lm_head_flops_per_row=1e5, attention_flops_per_pair=1e3,
-                 weight_bytes_per_step=4_000_000, embedding_bytes_per_token=256, kv_bytes_per_token=1024,
-                 logits_bytes_per_row=4000)
-INFO = SimpleNamespace(dtype="float32", quantization="none", cuda_graphs=False, device="cpu")
 
 
 def test_a_report_is_projected_on_its_own_device_as_measured_and_on_each_gpu_with_the_overhead():
-    steps = [_decode_step(1, 100, 2e-3), _decode_step(1, 101, 2e-3), _decode_step(8, 100, 3e-3),
-             _prefill_step(512, 0.5)]
+    steps = [decode_step(1, 100, 2e-3), decode_step(1, 101, 2e-3), decode_step(8, 100, 3e-3),
+             prefill_step(512, 0.5)]
     report = analyze(steps, WORK, CEILINGS)
     overhead = Overhead(0.01, 0.001)
     projection = project(report, INFO, (DEVICE,), overhead)

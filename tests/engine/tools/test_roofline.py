@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 import pytest
 from transformers import AutoModelForCausalLM
 
-from engine import Engine, EngineConfig, SamplingParams, StepRecord
+from engine import Engine, EngineConfig, SamplingParams
 from engine.hub import load_hf_config
 from engine.model.spec import ModelSpec
 from engine.tools.bench import main
@@ -24,22 +24,11 @@ from engine.tools.roofline import (
     engine_roofline,
     measure_ceilings,
 )
+from tests.support.roofline_steps import decode_step, prefill_step
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FAKE = DeviceCeilings(device="test device", dtype="float32", threads=1, peak_flops=1e12, bandwidth=1e10,
                       matmul_size=8, bandwidth_bytes=8, measured_at="2026-01-01T00:00:00Z", seconds=0.0)
-
-
-def _decode_step(batch: int, context: int, seconds: float = 1e-3) -> StepRecord:
-    return StepRecord(time=0.0, duration=seconds, batch_size=batch, num_tokens=batch, num_decode_tokens=batch,
-                      num_running=batch, kv_blocks_used=0, num_output_tokens=batch,
-                      context_tokens=batch * context, attention_pairs=batch * context)
-
-
-def _prefill_step(tokens: int, seconds: float = 1e-2) -> StepRecord:
-    return StepRecord(time=0.0, duration=seconds, batch_size=1, num_tokens=tokens, num_decode_tokens=1,
-                      num_running=1, kv_blocks_used=0, num_output_tokens=1, context_tokens=tokens,
-                      attention_pairs=tokens * (tokens + 1) // 2)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +54,7 @@ def test_work_coefficients_match_the_checkpoint(tiny_llama_dir, tiny_work):
 
 def test_step_work_sums_weights_kv_and_attention(tiny_work):
     _, work = tiny_work
-    step = _decode_step(batch=3, context=40)
+    step = decode_step(batch=3, context=40)
     counted = StepWork.of(step, work)
     assert counted.flops == 3 * (work.linear_flops_per_token + work.lm_head_flops_per_row) + 120 * (
         work.attention_flops_per_pair)
@@ -75,7 +64,7 @@ def test_step_work_sums_weights_kv_and_attention(tiny_work):
 
 def test_decode_intensity_grows_with_batch_size_and_prefill_is_right_of_it(tiny_work):
     _, work = tiny_work
-    steps = [_decode_step(batch, 64) for batch in (1, 1, 4, 16, 64)] + [_prefill_step(256)]
+    steps = [decode_step(batch, 64) for batch in (1, 1, 4, 16, 64)] + [prefill_step(256)]
     report = analyze(steps, work, FAKE)
     intensities = [point.intensity for point in report.decode_by_batch]
     assert [point.phase for point in report.decode_by_batch] == [f"decode, batch {b}" for b in (1, 4, 16, 64)]
@@ -88,13 +77,13 @@ def test_bound_and_fraction_follow_the_ridge(tiny_work):
     """Left of the ridge a phase is memory-bound and its fraction is bytes/s over the bandwidth; right of it,
     compute-bound and FLOP/s over the peak."""
     _, work = tiny_work
-    decode = StepWork.of(_decode_step(2, 32), work)
+    decode = StepWork.of(decode_step(2, 32), work)
     ridge_above = replace(FAKE, peak_flops=decode.flops / decode.bytes * FAKE.bandwidth * 10)
-    report = analyze([_decode_step(2, 32, seconds=0.5)], work, ridge_above)
+    report = analyze([decode_step(2, 32, seconds=0.5)], work, ridge_above)
     assert report.decode.bound == "memory"
     assert report.decode.fraction_of_ceiling == pytest.approx(decode.bytes / 0.5 / ridge_above.bandwidth)
     ridge_below = replace(FAKE, peak_flops=decode.flops / decode.bytes * FAKE.bandwidth / 10)
-    report = analyze([_decode_step(2, 32, seconds=0.5)], work, ridge_below)
+    report = analyze([decode_step(2, 32, seconds=0.5)], work, ridge_below)
     assert report.decode.bound == "compute"
     assert report.decode.fraction_of_ceiling == pytest.approx(decode.flops / 0.5 / ridge_below.peak_flops)
     assert report.decode.verdict == ("compute-bound" if report.decode.fraction_of_ceiling >= OVERHEAD_BELOW
@@ -106,10 +95,10 @@ def test_bound_and_fraction_follow_the_ridge(tiny_work):
                                                (0.5, "memory-bound"), (0.9, "memory-bound")])
 def test_a_phase_far_below_its_roof_is_called_overhead_not_memory_bound(tiny_work, fraction, verdict):
     _, work = tiny_work
-    decode = StepWork.of(_decode_step(2, 32), work)
+    decode = StepWork.of(decode_step(2, 32), work)
     ridge_above = replace(FAKE, peak_flops=decode.flops / decode.bytes * FAKE.bandwidth * 10)
     seconds = decode.bytes / (ridge_above.bandwidth * fraction)
-    report = analyze([_decode_step(2, 32, seconds=seconds)], work, ridge_above)
+    report = analyze([decode_step(2, 32, seconds=seconds)], work, ridge_above)
     assert report.decode.bound == "memory" and report.decode.fraction_of_ceiling == pytest.approx(fraction)
     assert report.decode.verdict == verdict and f"is {verdict}" in report.summary()[0]
 

@@ -10,15 +10,14 @@ import pytest
 from engine.tools.hardware_projection import MeasuredCheck, Overhead, project
 from engine.tools.roofline import analyze
 from playground.figures.projection_view import LABEL, projection_chart_svg, projection_html, projection_table_html
-from tests.engine.tools.test_hardware_projection import CEILINGS, DEVICE, INFO, WORK
-from tests.engine.tools.test_roofline import _decode_step, _prefill_step
+from tests.support.roofline_steps import CEILINGS, DEVICE, INFO, WORK, decode_step, prefill_step
 
 CHECK = MeasuredCheck("test GPU", "run-1: a model", 1, 0.0120, 0.0114)
 
 
 @pytest.fixture
 def projection():
-    steps = [_decode_step(1, 100, 2e-3), _decode_step(4, 100, 3e-3), _prefill_step(512, 0.5)]
+    steps = [decode_step(1, 100, 2e-3), decode_step(4, 100, 3e-3), prefill_step(512, 0.5)]
     return project(analyze(steps, WORK, CEILINGS), INFO, (DEVICE,), Overhead(0.011, 0.0002), [CHECK])
 
 
