@@ -21,7 +21,7 @@ from engine.info import StepRecord
 from engine.model.spec import ModelSpec
 from engine.tools.device_table import GPUS, DeviceSpec
 from engine.tools.gpu_check import DECODE_MODEL, MODELS, SPEC_LAYERS
-from engine.tools.hardware_projection import MeasuredCheck, Overhead, StepWorkPerStep, roofline_seconds
+from engine.tools.hardware_projection import MeanStep, MeasuredCheck, Overhead, roofline_seconds
 from engine.tools.roofline import ModelWork, StepWork
 
 RESULTS = PROJECT_ROOT / "assets" / "results" / "gpu"
@@ -39,7 +39,7 @@ class DecodeRun:
     device: DeviceSpec
     model: str
     batch: int
-    work: StepWorkPerStep
+    work: MeanStep
     measured_tpot: float  # seconds
 
     def roofline_seconds(self) -> float:
@@ -56,7 +56,7 @@ def _spec(fields: dict) -> ModelSpec:
                      max_position_embeddings=fields["max_position_embeddings"], sliding_window=None)
 
 
-def decode_work(fields: dict, weights_bytes: int, batch: int, workload: tuple[int, int]) -> StepWorkPerStep:
+def decode_work(fields: dict, weights_bytes: int, batch: int, workload: tuple[int, int]) -> MeanStep:
     """A bfloat16 decode step of the model `fields` describes, `batch` sequences at the workload's mean context
     (the prompt plus half the output)."""
     spec = _spec(fields)
@@ -65,7 +65,7 @@ def decode_work(fields: dict, weights_bytes: int, batch: int, workload: tuple[in
     step = StepWork.of(StepRecord(time=0.0, duration=0.0, batch_size=batch, num_tokens=batch, num_decode_tokens=batch,
                                   num_running=batch, kv_blocks_used=0, context_tokens=round(context),
                                   attention_pairs=round(context)), ModelWork.of(spec, weights_bytes, kv, "bfloat16"))
-    return StepWorkPerStep(f"decode, batch {batch}", batch, batch, step.flops, step.weight_bytes,
+    return MeanStep(f"decode, batch {batch}", batch, batch, step.flops, step.weight_bytes,
                            step.kv_read_bytes + step.kv_write_bytes, step.other_bytes, 0.0)
 
 

@@ -46,8 +46,8 @@ class Overhead:
 
 
 @dataclass(frozen=True)
-class StepWorkPerStep:
-    """One phase's mean work per step, the part of it the projection prices."""
+class MeanStep:
+    """One phase's mean step: its batch, tokens, FLOPs, bytes (weights, K/V, the rest) and measured time."""
 
     phase: str
     batch: float
@@ -67,7 +67,7 @@ class StepWorkPerStep:
         return self.phase == "prefill"
 
     @classmethod
-    def of(cls, point: PhasePoint) -> StepWorkPerStep:
+    def of(cls, point: PhasePoint) -> MeanStep:
         steps = point.steps or 1
         return cls(point.phase, point.mean_batch_size, point.tokens / steps, point.flops / steps,
                    point.weight_bytes / steps, point.kv_bytes / steps,
@@ -85,7 +85,7 @@ class Setting:
     gpu: bool
 
 
-def roofline_seconds(work: StepWorkPerStep, peak_flops: float, bandwidth: float) -> tuple[float, float]:
+def roofline_seconds(work: MeanStep, peak_flops: float, bandwidth: float) -> tuple[float, float]:
     """(compute, memory) seconds of one step: its FLOPs at the peak, its bytes at the bandwidth."""
     return work.flops / peak_flops, work.bytes / bandwidth
 
@@ -123,7 +123,7 @@ class StepEstimate:
                 "tokens_per_second": self.tokens_per_second}
 
 
-def toggle_for(work: StepWorkPerStep, bound: str, setting: Setting, device: DeviceSpec) -> str:
+def toggle_for(work: MeanStep, bound: str, setting: Setting, device: DeviceSpec) -> str:
     """The toggle that would move this step most, from the term that bounds it (and, within memory, from whose
     bytes dominate; within compute, from the precision the device offers)."""
     decode = not work.is_prefill
@@ -153,7 +153,7 @@ def toggle_for(work: StepWorkPerStep, bound: str, setting: Setting, device: Devi
     return "sparse-2:4 on a GPU, or a smaller model: fewer FLOPs per token"
 
 
-def estimate(work: StepWorkPerStep, device: DeviceSpec, setting: Setting, overhead_seconds: float) -> StepEstimate:
+def estimate(work: MeanStep, device: DeviceSpec, setting: Setting, overhead_seconds: float) -> StepEstimate:
     """`work` priced on `device` at the setting's precision, with this overhead."""
     compute, memory = roofline_seconds(work, device.peak_flops[setting.precision], device.bandwidth)
     terms = {"compute": compute, "memory": memory, "overhead": overhead_seconds}
@@ -213,11 +213,11 @@ class HardwareProjection:
                 "notes": self.notes}
 
 
-def measured_phases(report: RooflineReport) -> tuple[StepWorkPerStep | None, list[StepWorkPerStep]]:
+def measured_phases(report: RooflineReport) -> tuple[MeanStep | None, list[MeanStep]]:
     """The prefill phase and the decode batch sizes with the most steps (up to MAX_BATCH_SIZES, by size)."""
     busiest = sorted(report.decode_by_batch, key=lambda point: point.steps, reverse=True)[:MAX_BATCH_SIZES]
-    decode = [StepWorkPerStep.of(point) for point in sorted(busiest, key=lambda point: point.mean_batch_size)]
-    return (StepWorkPerStep.of(report.prefill) if report.prefill else None), decode
+    decode = [MeanStep.of(point) for point in sorted(busiest, key=lambda point: point.mean_batch_size)]
+    return (MeanStep.of(report.prefill) if report.prefill else None), decode
 
 
 def _measured_device(report: RooflineReport, precision: str) -> DeviceSpec:
@@ -234,28 +234,24 @@ def project(report: RooflineReport, info: EngineInfo, devices: tuple[DeviceSpec,
     precision = precision_of(info.dtype, info.quantization)
     quantized = info.quantization != "none"
     prefill, decode = measured_phases(report)
-    phases = [phase for phase in (prefill, *decode) if phase]
 
-    def on(device: DeviceSpec, setting: Setting, overhead_of) -> list[StepEstimate]:
-        return [estimate(work, device, setting, overhead_of(work, device)) for work in phases]
+    def on(device: DeviceSpec, setting: Setting, overhead_of, words: str, measured_here: bool) -> DeviceProjection:
+        def step(work: MeanStep) -> StepEstimate:
+            return estimate(work, device, setting, overhead_of(work, device))
+        return DeviceProjection(device, measured_here, words, step(prefill) if prefill else None,
+                                [step(work) for work in decode],
+                                [c for c in checks or [] if not measured_here and c.device == device.name])
 
-    def residual(work: StepWorkPerStep, device: DeviceSpec) -> float:
+    def residual(work: MeanStep, device: DeviceSpec) -> float:
         return max(work.measured_seconds - max(roofline_seconds(work, device.peak_flops[precision],
                                                                 device.bandwidth)), 0.0)
 
-    here = _measured_device(report, precision)
-    rows = [(here, True, "measured ceilings; overhead: what each measured step took beyond its roofline time",
-             on(here, Setting(precision, quantized, info.cuda_graphs, info.device == "cuda"), residual))]
-    for device in devices:
-        rows.append((device, False, "published figures; overhead: the GPU fit",
-                     on(device, Setting(precision, quantized, False, True),
-                        lambda work, _: overhead.seconds(work.batch))))
-    projections = []
-    for device, measured_here, source, estimates in rows:
-        first = estimates[0] if prefill else None
-        projections.append(DeviceProjection(
-            device, measured_here, source, first, estimates[1:] if prefill else estimates,
-            [check for check in checks or [] if not measured_here and check.device == device.name]))
+    here = on(_measured_device(report, precision), Setting(precision, quantized, info.cuda_graphs,
+                                                             info.device == "cuda"), residual,
+              "measured ceilings; overhead: what each measured step took beyond its roofline time", True)
+    gpu = Setting(precision, quantized, cuda_graphs=False, gpu=True)
+    projections = [here] + [on(device, gpu, lambda work, _: overhead.seconds(work.batch),
+                               "published figures; overhead: the GPU fit", False) for device in devices]
     notes = [f"estimates: every step priced at the {precision} peak and the bandwidth, plus a per-step overhead; "
              "not measurements",
              f"GPU overhead (the GPU fit): {1e3 * overhead.base:.1f} ms + {1e3 * overhead.per_sequence:.2f} ms per "

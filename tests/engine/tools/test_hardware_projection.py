@@ -10,9 +10,9 @@ import pytest
 from engine.tools.device_table import GPUS, H200
 from engine.tools.gpu_calibration import checks, committed_runs, decode_work, fit_overhead
 from engine.tools.hardware_projection import (
+    MeanStep,
     Overhead,
     Setting,
-    StepWorkPerStep,
     estimate,
     precision_of,
     project,
@@ -26,7 +26,7 @@ H200_ERROR = 0.08  # the largest |projected / measured - 1| over the committed H
 
 
 def _work(phase: str, batch: float, flops: float, weights: float, kv: float, tokens: float | None = None):
-    return StepWorkPerStep(phase, batch, tokens if tokens is not None else batch, flops, weights, kv, 0.0, 0.0)
+    return MeanStep(phase, batch, tokens if tokens is not None else batch, flops, weights, kv, 0.0, 0.0)
 
 
 def test_memory_bound_decode_is_bytes_over_bandwidth_plus_overhead():
