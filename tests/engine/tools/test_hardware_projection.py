@@ -19,6 +19,7 @@ from engine.tools.hardware_projection import (
 )
 from engine.tools.roofline import analyze
 from engine.tools.what_if import calibration, describe_calibration
+from tests.support.paths import PROJECT_ROOT
 from tests.support.roofline_steps import CEILINGS, DEVICE, INFO, WORK, decode_step, prefill_step
 
 GPU_BF16 = Setting("bf16", quantized=False, cuda_graphs=False, gpu=True)
@@ -143,3 +144,17 @@ def test_the_calibration_reproduces_the_committed_h200_run_within_its_stated_err
     assert all(run.measured_tpot > 15 * run.roofline_seconds() for run in h200)
     text = describe_calibration()
     assert "NVIDIA H200, h200-2026-12-04: ~200M Llama (12 layers) | 1 | 11.72 |" in text
+
+
+def test_the_docs_quote_the_fit_and_its_errors():
+    """docs/roofline.md states the overhead and each committed point's error: they cannot drift from the fit."""
+    text = (PROJECT_ROOT / "docs" / "roofline.md").read_text(encoding="utf-8")
+    overhead, found = calibration()
+    assert f"GPU overhead = {1e3 * overhead.base:.2f} ms + {1e3 * overhead.per_sequence:.3f} ms" in text
+    for check in found:
+        model = check.run.split(": ", 1)[1]
+        row = (f"| {model} | {check.batch} | {1e3 * check.measured_seconds:.2f} | {1e3 * check.projected_seconds:.2f} "
+               f"| {check.error:+.1%} |")
+        assert row in text, row
+    worst = max(abs(check.error) for check in found)
+    assert worst <= H200_ERROR and f"within ±{H200_ERROR:.0%}" in text
