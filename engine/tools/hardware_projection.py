@@ -1,9 +1,9 @@
 """What-if hardware: a measured configuration's prefill and decode steps projected onto other devices.
 
 Why: a person measuring on a CPU laptop cannot see what the same configuration would do on a GPU, and a pure
-roofline projection would be far off (the first GPU run spent about 11 ms a step launching eager operators, ~18x
-its roofline time). Each measured phase's work per step (FLOPs, bytes of weights, K/V and the rest, from
-`roofline.PhasePoint`) is priced on a device as
+roofline projection would be far off (the first GPU run spent about 11 ms a step launching eager operators, some
+20x the roofline time of its 1.7B model). Each measured phase's work per step (FLOPs, bytes of weights, K/V and
+the rest, from `roofline.PhasePoint`) is priced on a device as
 
     step time = max(FLOPs / peak FLOP/s at the configuration's precision, bytes / bandwidth) + overhead
 

@@ -3,13 +3,14 @@
 Why a module apart: the projection's arithmetic (`hardware_projection.py`) takes its devices and overhead as
 arguments, so it is tested on hand-computed cases; this one supplies the real ones (the published table,
 the overhead fitted to the committed GPU runs, read once per process) for the Roofline tab, and is the
-command-line view: `python -m engine.tools.what_if` prints the device table, the fitted overhead and the
+command-line view: `python -m engine.what_if` prints the device table, the fitted overhead and the
 projection of each committed run beside its measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from functools import cache
 
 from engine.info import EngineInfo
@@ -35,9 +36,10 @@ def project_hardware(report: RooflineReport, info: EngineInfo) -> HardwareProjec
     """`report`'s phases on the device they ran on and on every GPU of the table (an estimate)."""
     overhead, measured = calibration()
     projection = project(report, info, GPUS, overhead, list(measured))
-    if overhead == NO_RUNS:
-        projection.notes.append("no committed GPU run to calibrate the overhead on: the GPU rows are roofline only")
-    return projection
+    if overhead != NO_RUNS:
+        return projection
+    return replace(projection, notes=[*projection.notes, "no committed GPU run to calibrate the overhead on: the "
+                                                         "GPU rows are roofline only"])
 
 
 def describe_calibration() -> str:
@@ -56,7 +58,7 @@ def describe_calibration() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(prog="python -m engine.tools.what_if", description=__doc__.split("\n\n")[0]).parse_args(
+    argparse.ArgumentParser(prog="python -m engine.what_if", description=__doc__.split("\n\n")[0]).parse_args(
         argv)
     print(describe_calibration())
     return 0
