@@ -22,8 +22,9 @@ from safetensors import safe_open
 
 from engine.errors import ModelLoadError
 from engine.gguf.vocab import GGUFVocab, write_vocab
-from engine.model.spec import ModelSpec
+from engine.model.spec import ModelSpec, checkpoint_architecture
 from engine.model.weights import safetensors_files
+from engine.quant.checkpoint import prequantized_method
 
 CONVERTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -40,10 +41,13 @@ MODEL_TENSORS = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.w
 
 def unconvertible_reason(hf_config) -> str | None:
     """Why this checkpoint is not converted to GGUF here, or None."""
-    spec = ModelSpec.from_hf_config(hf_config)
-    if spec.architecture not in CONVERTED_ARCHITECTURES:
-        return (f"architecture {spec.architecture} is not converted to GGUF here (only "
+    architecture = checkpoint_architecture(hf_config)
+    if architecture not in CONVERTED_ARCHITECTURES:
+        return (f"architecture {architecture} is not converted to GGUF here (only "
                 f"{', '.join(CONVERTED_ARCHITECTURES)}, as llama.cpp's 'llama')")
+    if prequantized_method(hf_config):
+        return f"a pre-quantized ({prequantized_method(hf_config)}) checkpoint is not converted to GGUF here"
+    spec = ModelSpec.from_hf_config(hf_config)
     if spec.qkv_bias or spec.o_bias or getattr(hf_config, "mlp_bias", False):
         return "checkpoints with attention or MLP biases are not converted to GGUF here"
     if spec.sliding_window is not None:

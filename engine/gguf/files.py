@@ -26,7 +26,9 @@ from pathlib import Path
 from engine.errors import ModelLoadError
 from engine.gguf import GGUF_TYPES
 from engine.gguf.convert import convert_checkpoint
+from engine.gguf.runtime import load_binding
 from engine.gguf.vocab import read_vocab
+from engine.hub import load_tokenizer
 from engine.model.weights import safetensors_files
 
 CONVERTER_VERSION = "1"
@@ -61,27 +63,29 @@ def gguf_folder(path: Path) -> Path:
     return cache / "inference-playground" / FOLDER / hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
 
 
-def gguf_path(path: Path, gguf_type: str) -> Path:
-    """Where the `gguf_type` file of the checkpoint in `path` is (or will be, once `ensure_gguf` made it)."""
+def gguf_path(path: Path, gguf_type: str, key: str | None = None) -> Path:
+    """Where the `gguf_type` file of the checkpoint in `path` is (or will be, once `ensure_gguf` made it); `key` is
+    the checkpoint's key when the caller has it."""
     if gguf_type not in GGUF_TYPES:
         raise ValueError(f"gguf_type must be one of {GGUF_TYPES}, got {gguf_type!r}")
-    return gguf_folder(path) / f"{path.name}-{checkpoint_key(path)}-{gguf_type}.gguf"
+    return gguf_folder(path) / f"{path.name}-{key or checkpoint_key(path)}-{gguf_type}.gguf"
 
 
-def ensure_gguf(path: Path, hf_config, tokenizer, gguf_type: str, threads: int) -> Path:
+def ensure_gguf(path: Path, hf_config, gguf_type: str, threads: int) -> Path:
     """The `gguf_type` file of the checkpoint in `path`, converted (and quantized with `threads` threads) when it is
     not there yet; stale files of an earlier checkpoint in the same folder are removed."""
-    target = gguf_path(path, gguf_type)
+    key = checkpoint_key(path)
+    target = gguf_path(path, gguf_type, key)
     with _MAKING:
         if target.is_file():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        source = gguf_path(path, "f32")
+        source = gguf_path(path, "f32", key)
         if not source.is_file():
-            convert_checkpoint(path, hf_config, read_vocab(path, hf_config.vocab_size, tokenizer), source)
+            vocab = read_vocab(path, hf_config.vocab_size, load_tokenizer(path))
+            convert_checkpoint(path, hf_config, vocab, source)
         if gguf_type != "f32":
             quantize(source, target, gguf_type, threads)
-        key = checkpoint_key(path)
         for stale in target.parent.glob("*.gguf"):
             if key not in stale.name:
                 stale.unlink(missing_ok=True)
@@ -90,8 +94,7 @@ def ensure_gguf(path: Path, hf_config, tokenizer, gguf_type: str, threads: int) 
 
 def quantize(source: Path, destination: Path, gguf_type: str, threads: int) -> None:
     """`source` (a float32 GGUF) as `gguf_type` by llama.cpp's quantizer, written through a temporary file."""
-    import llama_cpp
-
+    llama_cpp = load_binding()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = LLAMA_FTYPES[gguf_type]
     params.nthread = threads

@@ -49,6 +49,12 @@ def is_gpt2_byte_level(spec: dict) -> bool:
             and model.get("end_of_word_suffix") is None)
 
 
+def describes_tokenizer(path: Path) -> bool:
+    """Whether the GGUF of the checkpoint in `path` carries its tokenizer (else "none")."""
+    spec_file = path / "tokenizer.json"
+    return spec_file.is_file() and is_gpt2_byte_level(json.loads(spec_file.read_text(encoding="utf-8")))
+
+
 def read_vocab(path: Path, vocab_size: int, tokenizer) -> GGUFVocab:
     """The GGUF vocabulary of the checkpoint in `path` with its loaded `tokenizer` (None: the folder has none), padded
     to the model's `vocab_size` rows with unused placeholder tokens."""
