@@ -98,15 +98,15 @@ def _gguf_name(name: str) -> str | None:
     return None  # rotary buffers and the like: nothing llama.cpp reads
 
 
-def _tensors(path: Path, spec: ModelSpec) -> dict[str, tuple[Path, str]]:
-    """GGUF name -> (file, checkpoint name), in the order they are written; a tied LM head is left out."""
-    found: dict[str, tuple[Path, str]] = {}
+def _tensors(path: Path, spec: ModelSpec) -> dict[str, tuple[Path, str, tuple[int, ...]]]:
+    """GGUF name -> (file, checkpoint name, shape), in the order they are written; a tied LM head is left out."""
+    found: dict[str, tuple[Path, str, tuple[int, ...]]] = {}
     for file in safetensors_files(path):
         with safe_open(file, framework="pt") as handle:
             for name in handle.keys():
                 target = _gguf_name(name)
                 if target is not None and not (target == "output.weight" and spec.tie_word_embeddings):
-                    found[target] = (file, name)
+                    found[target] = (file, name, tuple(handle.get_slice(name).get_shape()))
     expected = {"token_embd.weight", "output_norm.weight",
                 *(f"blk.{layer}.{part}" for layer in range(spec.num_layers) for part in LAYER_TENSORS.values())}
     if not spec.tie_word_embeddings:
@@ -168,18 +168,14 @@ def convert_checkpoint(path: Path, hf_config, vocab: GGUFVocab, destination: Pat
     try:
         _write_parameters(writer, hf_config, spec, path.name)
         write_vocab(writer, vocab)
-        shapes = {}
-        for target, (file, name) in tensors.items():
-            with safe_open(file, framework="pt") as handle:
-                shapes[target] = tuple(handle.get_slice(name).get_shape())
-        for target, shape in shapes.items():
+        for target, (_, _, shape) in tensors.items():
             writer.add_tensor_info(target, shape, np.dtype(np.float32), 4 * math.prod(shape))
         for target, array in extra.items():
             writer.add_tensor_info(target, array.shape, array.dtype, array.nbytes)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for target, (file, name) in tensors.items():
+        for target, (file, name, _) in tensors.items():
             writer.write_tensor_data(_array(file, name, target, spec))
         for array in extra.values():
             writer.write_tensor_data(array)
