@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, SamplingParams, resolve_model_path
+from engine.gguf.files import gguf_path
 from tests.support.llama_cpp_marks import needs_llama_cpp
 
 pytestmark = needs_llama_cpp
@@ -90,8 +91,7 @@ def test_steps_are_recorded_and_stats_count_the_file_and_one_sequence(llama):
     assert [s.num_output_tokens for s in steps] == [1] * 5 and all(s.duration > 0 for s in steps)
     assert [s.context_tokens for s in steps] == [len(prompt) + index for index in range(5)]
     stats = llama.stats()
-    file = llama._backend.file
-    assert stats.weights_bytes == file.stat().st_size
+    assert stats.weights_bytes == gguf_path(resolve_model_path("demo"), "f32").stat().st_size
     assert stats.kv_cache_bytes == llama.info.kv_bytes_per_token * llama.info.max_model_len
     assert llama.info.backend == "llama.cpp" and llama.info.kv_cache_dtype == "float32"
 
