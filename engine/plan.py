@@ -44,7 +44,9 @@ CPU_KV_FRACTION_OF_AVAILABLE = 0.25
 GPU_KV_FRACTION_OF_FREE = 0.85
 FLASH_BLOCK_MULTIPLE = 256
 HF_MIN_PAGE_SIZE = 4  # transformers' continuous batching pages hold at least this many tokens
-LLAMA_CPP_IGNORED = ("block_size", "kv_layout", "batching", "kv_cache_bytes", "kv_memory_fraction")
+LLAMA_CPP_IGNORED = ("block_size", "kv_layout", "batching", "kv_cache_bytes", "kv_memory_fraction", "cuda_graphs",
+                     "cpu_kernels")
+LLAMA_CPP_CONTEXT_MULTIPLE = 256  # llama.cpp rounds a context's positions up to a multiple of this
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,8 @@ def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, dev
 
 def _plan_llama_cpp(config: EngineConfig, path: Path, hf_config, architecture: str) -> EnginePlan:
     """llama.cpp in this process: the checkpoint's GGUF of `gguf_type` on the CPU, float32 compute, one sequence of
-    `max_model_len` positions (its KV in float32 for the f32 file, llama.cpp's default float16 otherwise)."""
+    `max_model_len` positions, which llama.cpp rounds up to a multiple of 256 (its KV in float32 for the f32 file,
+    llama.cpp's default float16 otherwise)."""
     reason = unconvertible_reason(hf_config)
     if reason:
         raise ModelLoadError(f"{reason}; the llama.cpp backend serves the checkpoints the project converts")
@@ -321,6 +324,7 @@ def _plan_llama_cpp(config: EngineConfig, path: Path, hf_config, architecture: s
     max_model_len = _native_max_model_len(config, spec)
     kv_dtype = torch.float32 if config.gguf_type == "f32" else torch.float16
     token_bytes = kv_block_bytes(spec, 1, kv_dtype, 1)
+    positions = -(-max_model_len // LLAMA_CPP_CONTEXT_MULTIPLE) * LLAMA_CPP_CONTEXT_MULTIPLE
     file = gguf_path(path, config.gguf_type)
     made = "converted by the project" if config.gguf_type == "f32" else "made by llama.cpp's quantizer from the f32 one"
     notices = [
@@ -335,13 +339,13 @@ def _plan_llama_cpp(config: EngineConfig, path: Path, hf_config, architecture: s
     defaults = EngineConfig()
     ignored = [name for name in LLAMA_CPP_IGNORED if getattr(config, name) != getattr(defaults, name)]
     if ignored:
-        notices.append(f"the llama.cpp backend ignores {', '.join(ignored)} (one sequence, its KV sized by "
-                       "max_model_len)")
+        notices.append(f"the llama.cpp backend ignores {', '.join(ignored)} (one sequence on the CPU, its KV sized "
+                       "by max_model_len)")
     return EnginePlan(
         config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
         architecture=architecture, device="cpu", dtype=torch.float32, kv_dtype=kv_dtype, attention="llama.cpp",
-        cpu_kernels=False, cuda_graphs=False, max_model_len=max_model_len, block_size=max_model_len,
-        num_kv_blocks=1, kv_block_bytes=token_bytes * max_model_len, kv_bytes_per_token=token_bytes,
+        cpu_kernels=False, cuda_graphs=False, max_model_len=max_model_len, block_size=positions,
+        num_kv_blocks=1, kv_block_bytes=token_bytes * positions, kv_bytes_per_token=token_bytes,
         num_kv_heads=spec.num_kv_heads, vocab_size=spec.vocab_size, spec=spec, notices=tuple(notices))
 
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine import Engine, EngineConfig, SamplingParams, resolve_model_path
+from engine import Engine, EngineConfig, SamplingParams, estimate_memory, resolve_model_path
 from engine.gguf.files import gguf_path
 from tests.support.llama_cpp_marks import needs_llama_cpp
 
@@ -92,7 +92,8 @@ def test_steps_are_recorded_and_stats_count_the_file_and_one_sequence(llama):
     assert [s.context_tokens for s in steps] == [len(prompt) + index for index in range(5)]
     stats = llama.stats()
     assert stats.weights_bytes == gguf_path(resolve_model_path("demo"), "f32").stat().st_size
-    assert stats.kv_cache_bytes == llama.info.kv_bytes_per_token * llama.info.max_model_len
+    assert stats.kv_cache_bytes == llama.info.kv_bytes_per_token * llama.info.max_model_len == llama.plan.kv_cache_bytes
+    assert estimate_memory(llama.plan).total_bytes == stats.weights_bytes + stats.kv_cache_bytes
     assert llama.info.backend == "llama.cpp" and llama.info.kv_cache_dtype == "float32"
 
 

@@ -67,4 +67,5 @@ def test_the_plan_says_one_sequence_at_a_time_and_where_the_file_is(monkeypatch,
     assert "one sequence at a time" in notices and "first in, first out" in notices
     assert "GGUF q8_0" in notices and "ignores batching" in notices and "no tokenizer" in notices
     assert (plan.device, plan.kv_dtype_name, plan.attention) == ("cpu", "float16", "llama.cpp")
-    assert plan.kv_cache_bytes == 128 * plan.kv_bytes_per_token == 128 * 2 * 2 * 2 * 16 * 2  # layers, K+V, heads, dim
+    # 128 positions asked, 256 reserved (llama.cpp's multiple); 2 layers x K and V x 2 KV heads x 16 x 2 bytes each
+    assert plan.kv_cache_bytes == 256 * plan.kv_bytes_per_token == 256 * 2 * 2 * 2 * 16 * 2
