@@ -274,7 +274,7 @@ class Engine:
             raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
         params = (params or SamplingParams()).validate()
         if self.plan.backend == "hf" and params.logprobs is not None:
-            raise RequestError("logprobs need the native or llama.cpp backend; this model is served through "
+            raise RequestError("logprobs need the native backend (or llama.cpp's); this model is served through "
                                "transformers")
         grammar = self._compile_guided(params.guided) if params.guided is not None else None
         with self._wakeup:
