@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 
 def _common_prefix(first: list[int], second: list[int]) -> int:
+    """How many leading tokens the two lists share."""
     length = 0
     for a, b in zip(first, second, strict=False):
         if a != b:
@@ -58,7 +59,6 @@ class LlamaCppBackend:
         config = plan.config
         threads = torch.get_num_threads()
         self.file = ensure_gguf(plan.path, plan.hf_config, config.gguf_type, threads)
-        self.max_model_len = plan.max_model_len
         self.kv_bytes_per_token = plan.kv_bytes_per_token
         self.reuse_prefix = config.prefix_caching
         self.session = LlamaCppSession(self.file, plan.max_model_len, min(config.max_num_batched_tokens,
