@@ -14,15 +14,17 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import ConfigError
-from engine.host import cpu_cores, cuda_available, flash_attn_available, resolve_device
+from engine.gguf import GGUF_TYPES
+from engine.host import cpu_cores, cuda_available, flash_attn_available, llama_cpp_available, resolve_device
 from engine.hub import curated_draft
 from engine.quant.levels import LEVELS as QUANT_LEVELS
 
 CHOICES: dict[str, list[str]] = {
-    "backend": ["auto", "native", "hf"],
+    "backend": ["auto", "native", "hf", "llama.cpp"],
     "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "quantization": ["none", *QUANT_LEVELS],
+    "gguf_type": list(GGUF_TYPES),
     "attention": ["auto", "cpu-kernel", "sdpa", "eager", "flash-attn"],
     "kv_layout": ["paged", "contiguous"],
     "kv_cache_dtype": ["auto", "float32", "bfloat16", "int8"],
@@ -33,6 +35,8 @@ CHOICES: dict[str, list[str]] = {
 }
 
 MAX_SPECULATIVE_TOKENS = 16
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the versions requirements-test.txt pins
+GGUF_VERSION = "0.19.0"
 KV_CACHE_NOTES = {
     "bfloat16": "half the bytes of float32 per token; the CPU kernel widens it to float32 as it reads",
     "int8": "int8 values and a float32 scale per token and head (68 bytes per 64 values): 3.8x the tokens of "
@@ -90,6 +94,9 @@ def unavailable_reason(field_name: str, value, device: str = "auto") -> str | No
     device = resolve_device(device)
     if field_name == "device" and value == "cuda" and not cuda_available():
         return "no CUDA device on this machine"
+    if field_name == "backend" and value == "llama.cpp" and not llama_cpp_available():
+        return ("the llama.cpp backend needs the llama-cpp-python and gguf packages: "
+                f"pip install llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} gguf=={GGUF_VERSION}")
     if field_name == "attention" and value == "cpu-kernel":
         if device != "cpu":
             return "the engine's paged-attention kernel runs on the CPU only"
@@ -159,6 +166,7 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     quantization: str = "none"
+    gguf_type: str = "f32"
     attention: str = "auto"
     kv_layout: str = "paged"
     block_size: int = 16
@@ -269,7 +277,7 @@ class EngineConfig:
         if self.attention == "flash-attn" and self.kv_cache_dtype == "int8":
             raise ConfigError("kv_cache_dtype='int8': flash-attn reads float16/bfloat16 K/V only; choose sdpa "
                               "attention (which dequantizes the blocks it gathers) or another kv_cache_dtype")
-        for name in ("device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size",
+        for name in ("backend", "device", "attention", "quantization", "speculative", "gqa", "tensor_parallel_size",
                      "pipeline_parallel_size", "disaggregation"):
             reason = unavailable_reason(name, getattr(self, name), self.device)
             if reason:
@@ -282,7 +290,35 @@ class EngineConfig:
                               "cache in the model's dtype; use kv_cache_dtype='auto' or backend='native'")
         if self.backend == "hf" and self.attention in ("flash-attn", "cpu-kernel"):
             raise ConfigError("the hf backend runs transformers' own attention; choose sdpa, eager or auto")
+        self._validate_llama_cpp()
         return self
+
+    def _validate_llama_cpp(self) -> None:
+        """What the llama.cpp backend runs: a GGUF of `gguf_type`, one sequence at a time, in this process, on the
+        CPU; the native engine's knobs that would change what runs are refused rather than ignored."""
+        if self.backend != "llama.cpp":
+            if self.gguf_type != "f32":
+                raise ConfigError(f"gguf_type={self.gguf_type!r} is the llama.cpp backend's weight file; set "
+                                  "backend='llama.cpp' (or leave gguf_type='f32')")
+            return
+        refused = {
+            "device": (self.device == "cuda", "this llama.cpp build runs on the CPU"),
+            "dtype": (self.dtype not in ("auto", "float32"),
+                      "llama.cpp computes in float32; its weights' type is gguf_type"),
+            "quantization": (self.quantization != "none",
+                             "the native engine's levels are not llama.cpp's; choose gguf_type (q8_0, q4_0)"),
+            "kv_cache_dtype": (self.kv_cache_dtype != "auto",
+                               "llama.cpp keeps its own KV cache (float32 for gguf_type f32, else float16)"),
+            "attention": (self.attention != "auto", "llama.cpp runs its own attention"),
+            "speculative": (self.speculative != "off", "speculative decoding runs in the native engine"),
+            "gqa": (self.gqa != "native", "GQA conversion runs in the native engine"),
+            "tensor_parallel_size": (self.tensor_parallel_size > 1, "llama.cpp runs in this process, one model"),
+            "pipeline_parallel_size": (self.pipeline_parallel_size > 1, "llama.cpp runs in this process, one model"),
+            "disaggregation": (self.disaggregation != "off", "llama.cpp runs in this process, one model"),
+        }
+        for name, (is_refused, why) in refused.items():
+            if is_refused:
+                raise ConfigError(f"{name}={getattr(self, name)!r} with backend='llama.cpp': {why}")
 
     def _validate_process_layout(self) -> None:
         """Pipeline stages, tensor-parallel ranks and disaggregated workers: which combinations exist."""

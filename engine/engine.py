@@ -119,6 +119,10 @@ def make_backend(plan: EnginePlan) -> Backend:
         from engine.backends.native import NativeBackend
 
         return NativeBackend(plan)
+    if plan.backend == "llama.cpp":
+        from engine.backends.llama_cpp import LlamaCppBackend
+
+        return LlamaCppBackend(plan)
     from engine.backends.hf import HFBackend
 
     return HFBackend(plan)
@@ -269,8 +273,9 @@ class Engine:
         if params is not None and not isinstance(params, SamplingParams):
             raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
         params = (params or SamplingParams()).validate()
-        if self.plan.backend != "native" and params.logprobs is not None:
-            raise RequestError("logprobs need the native backend; this model is served through transformers")
+        if self.plan.backend == "hf" and params.logprobs is not None:
+            raise RequestError("logprobs need the native backend (or llama.cpp's); this model is served through "
+                               "transformers")
         grammar = self._compile_guided(params.guided) if params.guided is not None else None
         with self._wakeup:
             if self._closed:
@@ -291,7 +296,8 @@ class Engine:
         if not isinstance(guided, GuidedDecoding):
             raise RequestError(f"guided must be a GuidedDecoding, got {type(guided).__name__}")
         if self.plan.backend != "native":
-            raise RequestError("guided decoding needs the native backend; this model is served through transformers")
+            served_by = "llama.cpp" if self.plan.backend == "llama.cpp" else "transformers"
+            raise RequestError(f"guided decoding needs the native backend; this model is served through {served_by}")
         if self._grammars is None:
             raise RequestError("guided decoding needs the model's tokenizer; this model folder has none")
         return self._grammars.compile(guided)

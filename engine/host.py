@@ -20,6 +20,11 @@ def flash_attn_available() -> bool:
     return cuda_available() and importlib.util.find_spec("flash_attn") is not None
 
 
+def llama_cpp_available() -> bool:
+    """Whether the llama.cpp backend's packages (llama-cpp-python, gguf) are installed; nothing is imported."""
+    return all(importlib.util.find_spec(name) is not None for name in ("llama_cpp", "gguf"))
+
+
 def resolve_device(device: str) -> str:
     """`auto` means the GPU when there is one."""
     if device == "auto":

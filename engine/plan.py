@@ -21,6 +21,9 @@ import torch
 
 from engine.config import EngineConfig, tensor_parallel_reason
 from engine.errors import ConfigError, ModelLoadError
+from engine.gguf.convert import unconvertible_reason
+from engine.gguf.files import gguf_path
+from engine.gguf.vocab import describes_tokenizer
 from engine.host import flash_attn_available, resolve_device
 from engine.hub import curated_draft, load_hf_config, resolve_model_path
 from engine.model import cpu_kernels
@@ -41,6 +44,9 @@ CPU_KV_FRACTION_OF_AVAILABLE = 0.25
 GPU_KV_FRACTION_OF_FREE = 0.85
 FLASH_BLOCK_MULTIPLE = 256
 HF_MIN_PAGE_SIZE = 4  # transformers' continuous batching pages hold at least this many tokens
+LLAMA_CPP_IGNORED = ("block_size", "kv_layout", "batching", "kv_cache_bytes", "kv_memory_fraction", "cuda_graphs",
+                     "cpu_kernels")
+LLAMA_CPP_CONTEXT_MULTIPLE = 256  # llama.cpp rounds a context's positions up to a multiple of this
 
 
 @dataclass(frozen=True)
@@ -100,9 +106,10 @@ class EnginePlan:
     @property
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV pools the native engine allocates (0 where transformers sizes its own cache); with
-        disaggregation each of the two workers has a pool of `num_kv_blocks` (the budget is per worker)."""
+        disaggregation each of the two workers has a pool of `num_kv_blocks` (the budget is per worker); llama.cpp's
+        one sequence of `max_model_len` positions."""
         pools = 2 if self.config.disaggregation != "off" else 1
-        return pools * self.num_kv_blocks * self.kv_block_bytes if self.backend == "native" else 0
+        return pools * self.num_kv_blocks * self.kv_block_bytes if self.backend in ("native", "llama.cpp") else 0
 
     def summary(self) -> str:
         """One line of what would load, as the playground's check line shows it."""
@@ -112,6 +119,8 @@ class EnginePlan:
             layout = "contiguous" if self.config.kv_layout == "contiguous" else f"blocks of {self.block_size}"
             parts.append(f"{self.num_kv_blocks:,} KV blocks ({layout}, {self.num_kv_heads} KV heads, "
                          f"{self.kv_dtype_name})")
+        if self.backend == "llama.cpp":
+            parts.append(f"GGUF {self.config.gguf_type}, one sequence at a time ({self.kv_dtype_name} KV)")
         if self.draft:
             parts.append(f"draft {self.draft.name}")
         return " · ".join(parts)
@@ -126,6 +135,8 @@ def plan_engine(config: EngineConfig, download: bool = True) -> EnginePlan:
     architecture = checkpoint_architecture(hf_config)
     not_native = _not_native_reason(architecture, hf_config)
     notices: list[str] = []
+    if config.backend == "llama.cpp":
+        return _plan_llama_cpp(config, path, hf_config, architecture)
     if config.backend == "native" and not_native:
         raise ModelLoadError(f"{not_native} (it runs full-precision {', '.join(NATIVE_ARCHITECTURES)} "
                              "checkpoints); use backend='hf'")
@@ -300,6 +311,42 @@ def _plan_hf(config: EngineConfig, path: Path, hf_config, architecture: str, dev
         max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_blocks,
         kv_block_bytes=token_bytes * block_size, kv_bytes_per_token=token_bytes, num_kv_heads=kv_heads,
         vocab_size=text.vocab_size, notices=tuple(notices))
+
+
+def _plan_llama_cpp(config: EngineConfig, path: Path, hf_config, architecture: str) -> EnginePlan:
+    """llama.cpp in this process: the checkpoint's GGUF of `gguf_type` on the CPU, float32 compute, one sequence of
+    `max_model_len` positions, which llama.cpp rounds up to a multiple of 256 (its KV in float32 for the f32 file,
+    llama.cpp's default float16 otherwise)."""
+    reason = unconvertible_reason(hf_config)
+    if reason:
+        raise ModelLoadError(f"{reason}; the llama.cpp backend serves the checkpoints the project converts")
+    spec = ModelSpec.from_hf_config(hf_config)
+    max_model_len = _native_max_model_len(config, spec)
+    kv_dtype = torch.float32 if config.gguf_type == "f32" else torch.float16
+    token_bytes = kv_block_bytes(spec, 1, kv_dtype, 1)
+    positions = -(-max_model_len // LLAMA_CPP_CONTEXT_MULTIPLE) * LLAMA_CPP_CONTEXT_MULTIPLE
+    file = gguf_path(path, config.gguf_type)
+    made = "converted by the project" if config.gguf_type == "f32" else "made by llama.cpp's quantizer from the f32 one"
+    notices = [
+        "llama.cpp (llama-cpp-python) serves one sequence at a time: requests queue first in, first out (no "
+        "continuous batching, no paged KV cache)" + ("; a prompt reuses the K/V of the prefix it shares with the "
+                                                     "previous request" if config.prefix_caching else ""),
+        f"GGUF {config.gguf_type} ({made}): {file}" + ("" if file.is_file() else ", written on first load"),
+        f"llama.cpp threads: {torch.get_num_threads()} (torch's thread count)"]
+    if not describes_tokenizer(path):
+        notices.append("the GGUF carries no tokenizer llama.cpp reproduces exactly: the engine's tokenizer encodes "
+                       "every prompt (as always), llama.cpp gets token ids")
+    defaults = EngineConfig()
+    ignored = [name for name in LLAMA_CPP_IGNORED if getattr(config, name) != getattr(defaults, name)]
+    if ignored:
+        notices.append(f"the llama.cpp backend ignores {', '.join(ignored)} (one sequence on the CPU, its KV sized "
+                       "by max_model_len)")
+    return EnginePlan(
+        config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
+        architecture=architecture, device="cpu", dtype=torch.float32, kv_dtype=kv_dtype, attention="llama.cpp",
+        cpu_kernels=False, cuda_graphs=False, max_model_len=max_model_len, block_size=positions,
+        num_kv_blocks=1, kv_block_bytes=token_bytes * positions, kv_bytes_per_token=token_bytes,
+        num_kv_heads=spec.num_kv_heads, vocab_size=spec.vocab_size, spec=spec, notices=tuple(notices))
 
 
 def _hf_ignored_knobs(config: EngineConfig, device: str) -> list[str]:

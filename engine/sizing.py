@@ -11,7 +11,8 @@ quantizes (all but the LM head) at its level's size; a pre-quantized checkpoint 
 safetensors files, which hold its packed tensors.
 A speculative draft model adds its (full-precision) weights, and its KV pool shares the KV budget.
 With tensor parallelism each rank's shard is built and counted (replicated norms and KV heads, the
-vocabulary padded to an even split), and the KV pool's blocks cover every rank's heads.
+vocabulary padded to an even split), and the KV pool's blocks cover every rank's heads. The llama.cpp
+backend holds its GGUF file (memory-mapped) and one sequence's KV of `max_model_len` positions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
+from engine.gguf.files import gguf_path
 from engine.model.parallel import ParallelContext
 from engine.model.weights import safetensors_files
 from engine.plan import EnginePlan, plan_engine
@@ -30,6 +32,8 @@ from engine.quant.levels import LEVELS
 from engine.quant.storage import planned_weight_bytes
 from engine.runner.build import meta_model, rank_kv_spec
 from engine.runner.kv_cache import bytes_per_block
+
+GGUF_BYTES_PER_WEIGHT = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # blocks of 32: a scale + values
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,23 @@ def hf_weights_bytes(hf_config, dtype: torch.dtype, quantization: str, device: s
     return total + rest + sum(b.numel() * b.element_size() for b in model.buffers())  # RoPE frequencies
 
 
+def gguf_weights_bytes(plan: EnginePlan) -> int:
+    """The llama.cpp backend's weights: its GGUF file's size once it exists, else its tensors at the type's bytes per
+    weight (matrices; llama.cpp keeps the norms in float32; the file's metadata, a few hundred KB, not counted)."""
+    file = gguf_path(plan.path, plan.config.gguf_type)
+    if file.is_file():
+        return file.stat().st_size
+    per_weight = GGUF_BYTES_PER_WEIGHT[plan.config.gguf_type]
+    model = meta_model(plan.spec, torch.float32, "none", plan.device)
+    return int(sum(p.numel() * (per_weight if p.dim() == 2 else 4) for p in model.parameters()))
+
+
 def estimate_memory(config: EngineConfig | EnginePlan) -> MemoryEstimate:
     """Weights and KV bytes of a configuration (or of its plan), without loading the weights."""
     plan = config if isinstance(config, EnginePlan) else plan_engine(config)
     config = plan.config
+    if plan.backend == "llama.cpp":
+        return MemoryEstimate(gguf_weights_bytes(plan), plan.kv_cache_bytes, plan.kv_bytes_per_token, 1)
     if prequantized_method(plan.hf_config):
         return MemoryEstimate(sum(file.stat().st_size for file in safetensors_files(plan.path)), 0)
     if plan.backend == "hf":

@@ -356,15 +356,17 @@ def _describe(result: dict) -> str:
     if "endpoint" in result:
         return f"{result['endpoint']} model={result['model']} | " + " ".join(f"{k}={config.get(k)}" for k in (
             "backend", "batching", "max_num_seqs", "kv_layout", "prefix_caching"))
-    speculative = ""
+    extra = ""
     if config["speculative"] != "off":
         source = result.get("draft_model") or "n-gram"
-        speculative = f" speculative={config['speculative']} ({source}) k={config['num_speculative_tokens']}"
+        extra = f" speculative={config['speculative']} ({source}) k={config['num_speculative_tokens']}"
+    if result["backend"] == "llama.cpp":
+        extra += f" gguf_type={config['gguf_type']}"
     return (f"{result['backend']} | batching={config['batching']} max_num_seqs={config['max_num_seqs']} "
             f"kv_layout={config['kv_layout']} prefix_caching={config['prefix_caching']} "
             f"attention={result['attention']} dtype={result['dtype']} device={result['device']} "
             f"quantization={config['quantization']} gqa={config['gqa']} ({result['num_kv_heads']} KV heads)"
-            f"{speculative}")
+            f"{extra}")
 
 
 # ---- CLI ---------------------------------------------------------------------------------------

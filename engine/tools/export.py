@@ -170,8 +170,16 @@ def export_command(config: EngineConfig, target: str) -> ExportResult:
     if c.backend == "hf":
         unmapped("backend", f"the transformers baseline has no equivalent: {spec.label} runs its own engine; "
                             "closest: `--model-impl transformers` (transformers' modeling code inside its engine)")
+    elif c.backend == "llama.cpp":
+        unmapped("backend", f"llama.cpp is this project's comparison engine; {spec.label} runs its own engine on the "
+                            "checkpoint")
     else:
         default("backend", f"{spec.label}'s own engine takes the native engine's place")
+    if c.gguf_type == "f32":
+        default("gguf_type", "the llama.cpp backend's file type: no meaning without it")
+    else:
+        unmapped("gguf_type", f"gguf_type={c.gguf_type} is a llama.cpp file type; {spec.label} serves the "
+                              "checkpoint's own weights (quantize with its --quantization instead)")
     if c.device == "cpu":
         unmapped("device", f"{spec.label} serves on GPUs with this command; a CPU build is a separate install, "
                            "not a flag")

@@ -396,6 +396,8 @@ def model_work(engine) -> ModelWork:
 
 def unsupported_reason(info: EngineInfo) -> str | None:
     """Why an engine's steps cannot be placed on the roofline, or None."""
+    if info.backend == "llama.cpp":
+        return "the roofline models the native engine's steps (its weights' formats and kernels); use backend=native"
     if info.backend != "native":
         return "the transformers backend does not record what its steps' attention covers; use backend=native"
     return None
