@@ -38,14 +38,14 @@ class AllowedBase:
 
 
 def blocked_reason(address: str) -> str | None:
-    """Why `address` is not a public one (None when it is)."""
+    """Why `address` is not a public one, as an adjective ("loopback"), or None when it is."""
     ip = ipaddress.ip_address(address.split("%")[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    for reason, hit in (("the cloud metadata address", ip in METADATA_ADDRESSES), ("loopback", ip.is_loopback),
-                        ("link-local", ip.is_link_local), ("private", ip.is_private),
-                        ("multicast", ip.is_multicast), ("unspecified", ip.is_unspecified),
-                        ("reserved", ip.is_reserved), ("not globally routable", not ip.is_global)):
+    for reason, hit in (("cloud metadata", ip in METADATA_ADDRESSES), ("loopback", ip.is_loopback),
+                        ("link-local", ip.is_link_local), ("unspecified", ip.is_unspecified),
+                        ("multicast", ip.is_multicast), ("reserved", ip.is_reserved), ("private", ip.is_private),
+                        ("not globally routable", not ip.is_global)):
         if hit:
             return reason
     return None
