@@ -5,7 +5,7 @@
 to the first chunk with text, ITL between chunks with text (a chunk may carry more than one token), E2EL to the last
 such chunk, TPOT over the server's `usage` token count; token counts and cached tokens come from `usage` (asked for
 with `stream_options.include_usage`), never from counting chunks, so a stream's running metrics count no tokens until
-the usage arrives at its end. Whatever the server did not honour and the client can see is said in `notices`.
+the usage arrives at its end. Whatever the server did not honour and the client can see is said in `ignored`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ _request_ids = itertools.count()
 
 @dataclass
 class RemoteOutput(RequestOutput):
-    """A remote request's output: `notices` says what the server did not honour (e.g. `ignore_eos`)."""
+    """A remote request's output: `ignored` maps each parameter the server was seen not to honour (`ignore_eos`,
+    `max_tokens`, `stream_options.include_usage`) to what was seen."""
 
-    notices: list[str] = field(default_factory=list)
+    ignored: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,19 +81,19 @@ def request_body(model: str, prompt, params: SamplingParams) -> tuple[str, dict]
     return ("/chat/completions" if chat else "/completions"), body
 
 
-def ignored_parameters(params: SamplingParams, reply: _Reply) -> list[str]:
-    """What the reply shows the server did not honour. Only what is visible: a seed, a temperature or top-p not
-    honoured leave no trace in one reply."""
-    notices = []
+def ignored_parameters(params: SamplingParams, reply: _Reply) -> dict[str, str]:
+    """What the reply shows the server did not honour, by parameter. Only what is visible: a seed, a temperature or
+    a top-p not honoured leave no trace in one reply."""
+    ignored = {}
     tokens = reply.usage.get("completion_tokens")
     if not reply.usage:
-        notices.append("the server sent no usage (stream_options.include_usage ignored): token counts are unknown")
+        ignored["stream_options.include_usage"] = "the server sent no usage: token counts are unknown"
     if params.ignore_eos and reply.finish == "stop" and not params.stop \
             and (not isinstance(tokens, int) or tokens < params.max_tokens):
-        notices.append(f"ignore_eos was not honoured: the reply stopped at {tokens} of {params.max_tokens} tokens")
+        ignored["ignore_eos"] = f"the reply stopped at {tokens} of {params.max_tokens} tokens"
     if isinstance(tokens, int) and tokens > params.max_tokens:
-        notices.append(f"max_tokens was not honoured: {tokens} tokens for max_tokens={params.max_tokens}")
-    return notices
+        ignored["max_tokens"] = f"{tokens} tokens for max_tokens={params.max_tokens}"
+    return ignored
 
 
 class RemoteHandle:
@@ -108,7 +109,7 @@ class RemoteHandle:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._text: list[str] = []
         self._last: StreamDelta | None = None
-        self._notices: list[str] = []
+        self._ignored: dict[str, str] = {}
         self.exception: RemoteError | None = None
         self._reply = _Reply(time.perf_counter())
         start_helper_thread(self._run, f"remote-request-{self.request_id}")
@@ -137,7 +138,7 @@ class RemoteHandle:
             pass
         last = self._last
         return RemoteOutput(self.request_id, self.prompt_token_ids, "".join(self._text), [], last.finish_reason,
-                            last.metrics, last.error, None, self._notices)
+                            last.metrics, last.error, None, self._ignored)
 
     # ---- the request's thread ----------------------------------------------------------------------------------
 
@@ -159,7 +160,7 @@ class RemoteHandle:
                 response.close()
             if reply.finish is None:  # a clean end of the body that did not finish the reply (or our own cut)
                 raise RemoteError(self._dropped("the stream ended without a finish reason"), "dropped")
-            self._notices.extend(ignored_parameters(self._params, reply))
+            self._ignored = ignored_parameters(self._params, reply)
             self._finish(reply.finish)
         except (httpx.HTTPError, RemoteError, OSError) as error:
             if call.ended_by == "cancelled":

@@ -53,7 +53,7 @@ def test_a_well_behaved_stream_gives_the_text_and_the_servers_usage():
             metrics = output.metrics
             assert (metrics.prompt_tokens, metrics.output_tokens, metrics.cached_tokens) == (7, 5, 4)
             assert 0 < metrics.ttft <= metrics.e2el and len(metrics.itl) == 4 and metrics.tpot > 0
-            assert output.notices == []
+            assert output.ignored == {}
         bodies = [body for path, _, body in server.requests if path.endswith("completions")]
         assert [b.get("prompt", b.get("messages")) for b in bodies] == ["Say hi", [1, 2, 3], CHAT]
         assert all(b["stream_options"] == {"include_usage": True} and "ignore_eos" not in b for b in bodies)
@@ -164,10 +164,10 @@ def test_a_server_that_ignores_ignore_eos_or_max_tokens_is_said_so():
         output, _ = run(server.base_url, params=SamplingParams(max_tokens=5, ignore_eos=True))
         assert server.requests[-1][2]["ignore_eos"] is True
     assert output.finish_reason == "stop" and output.metrics.output_tokens == 3
-    assert output.notices == ["ignore_eos was not honoured: the reply stopped at 3 of 5 tokens"]
+    assert output.ignored == {"ignore_eos": "the reply stopped at 3 of 5 tokens"}
     with MisbehavingServer("too_many") as server:
         output, _ = run(server.base_url, params=SamplingParams(max_tokens=4))
-    assert output.notices == ["max_tokens was not honoured: 6 tokens for max_tokens=4"]
+    assert output.ignored == {"max_tokens": "6 tokens for max_tokens=4"}
 
 
 def test_many_requests_stream_at_once():
