@@ -66,8 +66,8 @@ def _before_response(error: httpx.HTTPError) -> bool:
     """Whether the attempt failed before any response arrived (so that sending it again is safe to try)."""
     if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
         return True
-    return isinstance(error, httpx.RemoteProtocolError) and "without sending a response" in str(error) \
-        or isinstance(error, httpx.ReadError) and "reset" in str(error).lower()
+    return ((isinstance(error, httpx.RemoteProtocolError) and "without sending a response" in str(error))
+            or (isinstance(error, httpx.ReadError) and "reset" in str(error).lower()))
 
 
 class RemoteClient:
@@ -80,7 +80,8 @@ class RemoteClient:
         self._client = httpx.Client(
             timeout=httpx.Timeout(connect=timeouts.connect, read=backstop, write=timeouts.connect,
                                   pool=timeouts.connect),
-            follow_redirects=False, trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
+            follow_redirects=False, trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))  # as many as the caller sends
 
     def server(self) -> str:
         return self.target.base_url

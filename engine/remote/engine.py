@@ -89,8 +89,13 @@ class RemoteEngine:
 
     def server_metrics(self) -> list[ServerFigure] | None:
         """The server's own figures from `{server root}/metrics` (`server_metrics.MAPPING`); None when it publishes
-        no such page, [] when it knows none of the series mapped."""
+        no such page or, in public mode, when the allow-list does not cover it; [] when it has none of the series
+        mapped."""
         url = self.target.server_root + "/metrics"
+        try:
+            self._client.policy.entry_for(url)
+        except RemoteError:
+            return None
         try:
             text = self._client.get_text(url)
         except RemoteError as error:

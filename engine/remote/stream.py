@@ -48,7 +48,8 @@ class _Reply:
     usage: dict = field(default_factory=dict)
     finish: str | None = None
 
-    def metrics(self) -> RequestMetrics:
+    def metrics(self, with_itl: bool = True) -> RequestMetrics:
+        """`with_itl=False` leaves `itl` empty: O(1) running figures while the stream goes on (as the engine's)."""
         usage = self.usage
         outputs = usage.get("completion_tokens") if isinstance(usage.get("completion_tokens"), int) else 0
         details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
@@ -56,7 +57,8 @@ class _Reply:
                                  cached_tokens=details.get("cached_tokens") or 0)
         if self.chunk_times:
             metrics.ttft, metrics.e2el = self.chunk_times[0] - self.sent, self.chunk_times[-1] - self.sent
-            metrics.itl = [b - a for a, b in itertools.pairwise(self.chunk_times)]
+            if with_itl:
+                metrics.itl = [b - a for a, b in itertools.pairwise(self.chunk_times)]
             if outputs > 1:
                 metrics.tpot = (metrics.e2el - metrics.ttft) / (outputs - 1)
         return metrics
@@ -206,7 +208,7 @@ class RemoteHandle:
         if text:
             reply.chunk_times.append(time.perf_counter())
             reply.text.append(text)
-            self._outbox.put(StreamDelta(text, [], False, None, reply.metrics()))
+            self._outbox.put(StreamDelta(text, [], False, None, reply.metrics(with_itl=False)))
             return "text"
         return None
 
@@ -224,8 +226,8 @@ class RemoteHandle:
                                f"after {len(reply.chunk_times)} chunk(s) of text", reason)
         if isinstance(error, RemoteError):
             return error
-        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout) or not reply.chunk_times and \
-                "without sending a response" in str(error):
+        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout) \
+                or (not reply.chunk_times and "without sending a response" in str(error)):
             return self._client.unreachable(error)
         return RemoteError(self._dropped(f"{type(error).__name__}: {error}"), "dropped")
 

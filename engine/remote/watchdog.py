@@ -8,6 +8,7 @@ that wakes the blocked read at once, and the reading thread reports the timeout.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -16,13 +17,17 @@ from engine.core.threads import start_helper_thread
 
 
 class Watchdog:
-    """`arm(key, deadline, on_expiry)` (a `time.monotonic()` deadline; arming again moves it), `disarm(key)`."""
+    """`arm(key, deadline, on_expiry)` (a `time.monotonic()` deadline; arming again moves it), `disarm(key)`.
+
+    Arming is called for every streamed chunk, so it wakes the thread only for a deadline earlier than the one it
+    sleeps until (a moved-out deadline is found when that wait ends), and disarming only when nothing is left."""
 
     def __init__(self, name: str = "remote-watchdog"):
         self._name = name
         self._wakeup = threading.Condition()
         self._entries: dict[object, tuple[float, Callable[[], None]]] = {}
         self._running = False
+        self._sleeping_until = math.inf
 
     def arm(self, key: object, deadline: float, on_expiry: Callable[[], None]) -> None:
         with self._wakeup:
@@ -30,11 +35,12 @@ class Watchdog:
             if not self._running:
                 self._running = True
                 start_helper_thread(self._run, self._name)
-            self._wakeup.notify()
+            elif deadline < self._sleeping_until:
+                self._wakeup.notify()
 
     def disarm(self, key: object) -> None:
         with self._wakeup:
-            if self._entries.pop(key, None) is not None:
+            if self._entries.pop(key, None) is not None and not self._entries:
                 self._wakeup.notify()
 
     def _run(self) -> None:
@@ -47,6 +53,8 @@ class Watchdog:
                 expired = [key for key, (deadline, _) in self._entries.items() if deadline <= now]
                 callbacks = [self._entries.pop(key)[1] for key in expired]
                 if not callbacks:
-                    self._wakeup.wait(min(deadline for deadline, _ in self._entries.values()) - now)
+                    self._sleeping_until = min(deadline for deadline, _ in self._entries.values())
+                    self._wakeup.wait(self._sleeping_until - now)
+                    self._sleeping_until = math.inf
             for callback in callbacks:
                 callback()

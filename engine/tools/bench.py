@@ -44,7 +44,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.metrics import check_goodput_slos, describe_device, summarize
-from engine.errors import ConfigError, EngineError, RemoteError
+from engine.errors import ConfigError, EngineError
 from engine.hub import PROJECT_ROOT
 from engine.overrides import parse_sets, parse_setting
 from engine.presets import load_preset
@@ -192,9 +192,9 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
     makes a fixed-length workload not fixed-length: `fixed_length` says whether it was)."""
     with RemoteEngine(RemoteTarget(base_url, model, api_key_env), timeouts) as remote:
         remote.describe()  # an unknown model or a refused key is said before anything is sent
-        loaded = remote.submit("Hello", SamplingParams(max_tokens=1)).result()  # loads the served engine
-        if loaded.finish_reason == "error":
-            raise RemoteError(loaded.error, "http")
+        loading = remote.submit("Hello", SamplingParams(max_tokens=1))  # loads the served engine
+        if loading.result().finish_reason == "error":
+            raise loading.exception
         served = remote.describe()  # now with the loaded engine's figures, where the server reports them
         engine = served.get("engine") or {}
         vocab = engine.get("vocab_size")
