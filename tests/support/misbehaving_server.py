@@ -3,7 +3,8 @@ failure tests (tests/engine/remote/).
 
 Modes: "ok" (streams `TOKENS` chunks with usage; serves /v1/models, /v1/models/{id} and /metrics), "stall_first"
 (headers, a role chunk, then only keep-alive comments), "stall_mid" (two chunks, then keep-alive comments), "drop_mid"
-(two chunks, then the connection closed mid-body), "unauthorized" (401 unless the Bearer key is `KEY`), "unknown_model"
+(two chunks, then the connection closed mid-body), "error_event" (two chunks, then an `error` event), "server_error"
+(500 with an OpenAI error message), "unauthorized" (401 unless the Bearer key is `KEY`), "unknown_model"
 (404 model_not_found for completions), "redirect" (302 to another host), "ignores_eos" (stops after 3 tokens whatever
 `ignore_eos` says), "too_many" (more tokens than max_tokens), "bad_json", "reset_once" (the first request of each
 path is reset before a byte is answered, the next ones are "ok"). Every stall ends when the server stops, so no
@@ -16,6 +17,8 @@ import json
 import socket
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL = "test-model"
@@ -67,6 +70,29 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
+@contextmanager
+def unanswered_connect_url() -> Iterator[str]:
+    """A /v1 URL whose connects time out: a listening socket whose backlog is full, so the kernel drops new SYNs."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        address = listener.getsockname()
+        fillers = []
+        try:
+            for _ in range(3):
+                filler = socket.socket()
+                fillers.append(filler)
+                filler.settimeout(0.3)
+                try:
+                    filler.connect(address)
+                except OSError:  # the backlog is full: what the next connect will meet too
+                    break
+            yield f"http://127.0.0.1:{address[1]}/v1"
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
 def _handler(server: MisbehavingServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -97,6 +123,8 @@ def _handler(server: MisbehavingServer):
                 return
             if mode == "unauthorized" and self.headers.get("Authorization") != f"Bearer {KEY}":
                 return self._json(401, {"error": {"message": "Incorrect API key provided", "code": "invalid_api_key"}})
+            if mode == "server_error":
+                return self._json(500, {"error": {"message": "CUDA out of memory", "type": "internal_error"}})
             if mode == "unknown_model":
                 return self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                                   "code": "model_not_found"}})
@@ -127,6 +155,10 @@ def _handler(server: MisbehavingServer):
                                           **({"delta": {"content": piece}} if chat else {"text": piece})}]})
                 if index == 1 and mode == "stall_mid":
                     return self._stall()
+                if index == 1 and mode == "error_event":
+                    self._event({"error": {"message": "the engine failed this request", "code": 500}})
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
                 if index == 1 and mode == "drop_mid":
                     self.connection.shutdown(socket.SHUT_RDWR)
                     self.close_connection = True

