@@ -83,9 +83,6 @@ class RemoteClient:
             follow_redirects=False, trust_env=False,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=0))  # as many as the caller sends
 
-    def server(self) -> str:
-        return self.target.base_url
-
     def send(self, method: str, url: str, call: Call, body: dict | None = None) -> httpx.Response:
         """The response, streaming, once its status is a success; RemoteError for any other status, httpx's error
         when the connection failed (after the retries allowed before a response)."""
@@ -134,6 +131,8 @@ class RemoteClient:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _tracer(self, url: str, call: Call):
+        """httpcore's trace hook for one call: the new connection's peer checked before anything is written, and its
+        socket handed to `call` (again once TLS wraps it: wrapping detaches the plain socket object)."""
         def trace(event: str, info: dict) -> None:
             if event == "connection.connect_tcp.complete":
                 stream = info["return_value"]
@@ -143,6 +142,8 @@ class RemoteClient:
                     stream.close()
                     raise
                 call.attach(stream.get_extra_info("socket"))
+            elif event == "connection.start_tls.complete":
+                call.attach(info["return_value"].get_extra_info("socket"))
         return trace
 
     def _check(self, response: httpx.Response, url: str) -> None:

@@ -106,6 +106,7 @@ class RemoteHandle:
         self.request_id = next(_request_ids)
         self.prompt_token_ids = list(prompt) if prompt and all(isinstance(t, int) for t in prompt) else []
         self._client, self._watchdog, self._params = client, watchdog, params
+        self._server = client.target.base_url
         self._path, self._body = request_body(client.target.model, prompt, params)
         self._call = Call()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -170,7 +171,7 @@ class RemoteHandle:
             else:
                 self._fail(self._explain(error, reply))
         except Exception as error:  # a reply of a shape nothing above expects: said, never a caller left waiting
-            self._fail(RemoteError(f"{self._client.server()} sent a reply this client cannot read: "
+            self._fail(RemoteError(f"{self._server} sent a reply this client cannot read: "
                                    f"{type(error).__name__}: {error}", "bad_reply"))
         finally:
             self._watchdog.disarm(call)
@@ -185,14 +186,14 @@ class RemoteHandle:
         try:
             event = json.loads(data)
         except ValueError:
-            raise RemoteError(f"{self._client.server()} sent an event that is not JSON: {data[:120]!r}",
+            raise RemoteError(f"{self._server} sent an event that is not JSON: {data[:120]!r}",
                               "bad_reply") from None
         if not isinstance(event, dict):
-            raise RemoteError(f"{self._client.server()} sent an event that is not a JSON object: {data[:120]!r}",
+            raise RemoteError(f"{self._server} sent an event that is not a JSON object: {data[:120]!r}",
                               "bad_reply")
         if event.get("error"):
             error = event["error"]
-            raise RemoteError(f"{self._client.server()} failed the request mid-stream: "
+            raise RemoteError(f"{self._server} failed the request mid-stream: "
                               f"{error.get('message') if isinstance(error, dict) else error}", "http")
         if isinstance(event.get("usage"), dict):
             reply.usage = event["usage"]
@@ -214,7 +215,7 @@ class RemoteHandle:
 
     def _explain(self, error: Exception, reply: _Reply) -> RemoteError:
         """The one RemoteError a failure becomes, by what ended the call."""
-        timeouts, server = self._client.timeouts, self._client.server()
+        timeouts, server = self._client.timeouts, self._server
         reason = self._call.ended_by
         if reason is None and isinstance(error, httpx.TimeoutException) and not isinstance(error, httpx.ConnectTimeout):
             reason = "inter_token_timeout" if reply.chunk_times else "first_token_timeout"
@@ -232,7 +233,7 @@ class RemoteHandle:
         return RemoteError(self._dropped(f"{type(error).__name__}: {error}"), "dropped")
 
     def _dropped(self, why: str) -> str:
-        return (f"{self._client.server()} dropped the stream mid-reply after {len(self._reply.chunk_times)} chunk(s) "
+        return (f"{self._server} dropped the stream mid-reply after {len(self._reply.chunk_times)} chunk(s) "
                 f"of text ({why}); the text so far is kept")
 
     def _finish(self, reason: str) -> None:
