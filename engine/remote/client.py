@@ -24,6 +24,7 @@ import httpx
 from engine.errors import RemoteError
 from engine.remote.policy import AddressPolicy
 from engine.remote.target import RemoteTarget, RemoteTimeouts
+from engine.remote.watchdog import Watchdog
 
 ERROR_BODY_BYTES = 4096
 RETRY_PAUSE_S = 0.2
@@ -73,9 +74,9 @@ def _before_response(error: httpx.HTTPError) -> bool:
 class RemoteClient:
     """Sends calls to one target under one address policy; `send` streams, `get_json` reads a small reply."""
 
-    def __init__(self, target: RemoteTarget, timeouts: RemoteTimeouts, policy: AddressPolicy):
+    def __init__(self, target: RemoteTarget, timeouts: RemoteTimeouts, policy: AddressPolicy, watchdog: Watchdog):
         policy.entry_for(target.base_url)  # refused now rather than at the first call
-        self.target, self.timeouts, self.policy = target, timeouts, policy
+        self.target, self.timeouts, self.policy, self.watchdog = target, timeouts, policy, watchdog
         backstop = max(timeouts.first_token, timeouts.inter_token) + timeouts.connect  # the watchdog ends a call first
         self._client = httpx.Client(
             timeout=httpx.Timeout(connect=timeouts.connect, read=backstop, write=timeouts.connect,
@@ -102,15 +103,23 @@ class RemoteClient:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def get_text(self, url: str) -> str:
-        """A small reply's text (RemoteError for a failed status or an unreachable server)."""
+        """A small reply's text, whole within the first-token timeout (RemoteError for a failed status, an
+        unreachable server or the timeout)."""
+        call = Call()
+        self.watchdog.arm(call, time.monotonic() + self.timeouts.first_token, lambda: call.end("first_token_timeout"))
         try:
-            response = self.send("GET", url, Call())
+            response = self.send("GET", url, call)
             try:
                 return response.read().decode(errors="replace")
             finally:
                 response.close()
         except httpx.HTTPError as error:
+            if call.ended_by is not None:
+                raise RemoteError(f"{url} sent no whole reply within the first-token timeout "
+                                  f"({self.timeouts.first_token:g} s)", "first_token_timeout") from None
             raise self.unreachable(error) from None
+        finally:
+            self.watchdog.disarm(call)
 
     def get_json(self, url: str):
         """A small JSON reply (RemoteError as `get_text`, and for a body that is not JSON)."""

@@ -30,8 +30,9 @@ class RemoteEngine:
     def __init__(self, target: RemoteTarget, timeouts: RemoteTimeouts | None = None,
                  policy: AddressPolicy | None = None):
         self.target = target
-        self._client = RemoteClient(target, timeouts or RemoteTimeouts(), policy or AddressPolicy.local())
         self._watchdog = Watchdog()
+        self._client = RemoteClient(target, timeouts or RemoteTimeouts(), policy or AddressPolicy.local(),
+                                    self._watchdog)
         self._handles: weakref.WeakSet[RemoteHandle] = weakref.WeakSet()
         self._closed = False
 
@@ -45,7 +46,7 @@ class RemoteEngine:
             raise RequestError("log-probabilities and guided decoding are not sent to a remote server")
         if not _is_prompt(prompt):
             raise RequestError("a prompt must be a non-empty string, a list of token ids or a list of chat messages")
-        handle = RemoteHandle(self._client, self._watchdog, prompt, params)
+        handle = RemoteHandle(self._client, prompt, params)
         self._handles.add(handle)
         return handle
 

@@ -24,7 +24,6 @@ from engine.core.request import RequestOutput, StreamDelta
 from engine.core.threads import SIGNAL_CHECK_SECONDS, start_helper_thread
 from engine.errors import RemoteError
 from engine.remote.client import Call, RemoteClient
-from engine.remote.watchdog import Watchdog
 from engine.sampling_params import SamplingParams
 
 _request_ids = itertools.count()
@@ -102,10 +101,10 @@ class RemoteHandle:
     """The caller's side of a remote request: iterate its deltas, wait for its result, or cancel it (which closes
     the stream). Its thread ends with the request."""
 
-    def __init__(self, client: RemoteClient, watchdog: Watchdog, prompt, params: SamplingParams):
+    def __init__(self, client: RemoteClient, prompt, params: SamplingParams):
         self.request_id = next(_request_ids)
         self.prompt_token_ids = list(prompt) if prompt and all(isinstance(t, int) for t in prompt) else []
-        self._client, self._watchdog, self._params = client, watchdog, params
+        self._client, self._watchdog, self._params = client, client.watchdog, params
         self._server = client.target.base_url
         self._path, self._body = request_body(client.target.model, prompt, params)
         self._call = Call()

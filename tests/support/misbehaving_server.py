@@ -2,13 +2,13 @@
 failure tests (tests/engine/remote/).
 
 Modes: "ok" (streams `TOKENS` chunks with usage; serves /v1/models, /v1/models/{id} and /metrics), "stall_first"
-(headers, a role chunk, then only keep-alive comments), "stall_mid" (two chunks, then keep-alive comments), "drop_mid"
-(two chunks, then the connection closed mid-body), "error_event" (two chunks, then an `error` event), "server_error"
-(500 with an OpenAI error message), "unauthorized" (401 unless the Bearer key is `KEY`), "unknown_model"
-(404 model_not_found for completions), "redirect" (302 to another host), "ignores_eos" (stops after 3 tokens whatever
-`ignore_eos` says), "too_many" (more tokens than max_tokens), "bad_json", "reset_once" (the first request of each
-path is reset before a byte is answered, the next ones are "ok"). Every stall ends when the server stops, so no
-thread outlives a test.
+(headers, a role chunk, then only keep-alive comments; a GET's headers and then part of its body), "stall_mid" (two
+chunks, then keep-alive comments), "drop_mid" (two chunks, then the connection closed mid-body), "error_event" (two
+chunks, then an `error` event), "server_error" (500 with an OpenAI error message), "unauthorized" (401 unless the
+Bearer key is `KEY`), "unknown_model" (404 model_not_found for completions), "redirect" (302 to another host),
+"ignores_eos" (stops after 3 tokens whatever `ignore_eos` says), "too_many" (more tokens than max_tokens), "bad_json",
+"reset_once" (the first request of each path is reset before a byte is answered, the next ones are "ok"). Every stall
+ends when the server stops, so no thread outlives a test.
 """
 
 from __future__ import annotations
@@ -102,7 +102,15 @@ def _handler(server: MisbehavingServer):
 
         def do_GET(self) -> None:
             self._seen({})
-            if self.path == "/v1/models":
+            if server.mode == "stall_first":  # a reply's headers, then never its body
+                self.send_response(200)
+                self.send_header("Content-Length", "100")
+                self.end_headers()
+                self.wfile.write(b'{"object": ')
+                self.wfile.flush()
+                server.stopping.wait()
+                self.close_connection = True
+            elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}, {"id": "other"}]})
             elif self.path == f"/v1/models/{MODEL}":
                 self._json(200, {"id": MODEL, "engine": {"vocab_size": 100, "backend": "fake"}, "config": {}})

@@ -104,6 +104,15 @@ def test_a_server_that_stalls_before_the_first_token_hits_the_first_token_timeou
         assert len([p for p, _, _ in server.requests if p.endswith("completions")]) == 2  # never retried
 
 
+def test_describe_against_a_stalled_server_ends_at_the_first_token_timeout():
+    with MisbehavingServer("stall_first") as server, RemoteEngine(RemoteTarget(server.base_url, MODEL), FAST) as remote:
+        started = time.monotonic()
+        with pytest.raises(RemoteError, match=r"sent no whole reply within the first-token timeout \(0.6 s\)") as late:
+            remote.describe()
+        elapsed = time.monotonic() - started
+    assert late.value.kind == "first_token_timeout" and FAST.first_token <= elapsed < FAST.first_token + SLACK_S
+
+
 def test_a_server_that_stalls_mid_stream_hits_the_inter_token_timeout_and_keeps_the_text():
     with MisbehavingServer("stall_mid") as server:
         output, elapsed = run(server.base_url)
