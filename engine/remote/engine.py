@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator
+from urllib.parse import quote
 
 from engine.core.request import StreamDelta
 from engine.errors import RemoteError, RequestError
@@ -51,8 +52,10 @@ class RemoteEngine:
         return handle
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RemoteOutput]:
-        """One output per prompt, in order, all in flight at once."""
+        """One output per prompt, in order, all in flight at once; every prompt is checked before any is sent."""
         batch = [prompts] if _is_prompt(prompts) else list(prompts)
+        if not batch or not all(_is_prompt(prompt) for prompt in batch):
+            raise RequestError("generate() takes a prompt or a non-empty list of prompts")
         return [handle.result() for handle in [self.submit(prompt, params) for prompt in batch]]
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
@@ -75,7 +78,7 @@ class RemoteEngine:
             raise RemoteError(f"{self.target.url('/models')} is not an OpenAI model list", "bad_reply")
         models = [entry.get("id") for entry in data if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
         try:
-            extras = self._client.get_json(self.target.url(f"/models/{self.target.model}"))
+            extras = self._client.get_json(self.target.url(f"/models/{quote(self.target.model, safe='/@:')}"))
         except RemoteError as error:
             if self.target.model not in models and error.kind in ("unknown_model", "http"):
                 shown = ", ".join(models[:LISTED_MODELS_SHOWN]) + (", ..." if len(models) > LISTED_MODELS_SHOWN else "")
