@@ -3,9 +3,9 @@
 Public API (docs/architecture.md): `Engine`, `EngineConfig`, `SamplingParams`, their outputs, records
 and errors; the plan a configuration resolves to (`plan_engine`) and its memory (`estimate_memory`);
 the catalogue helpers the playground and the bench need (presets, curated models, the availability of
-each choice on this host); and the tools' workloads, measurement, roofline and what-if hardware projection
-(`engine/tools/`), so the playground measures exactly as `python -m engine.bench` does. Importable without gradio; code
-outside `engine/` imports only these names.
+each choice on this host); the tools' workloads, measurement, roofline and what-if hardware projection
+(`engine/tools/`), so the playground measures exactly as `python -m engine.bench` does; and the remote client (`RemoteEngine`,
+`engine/remote/`), which stands in for an `Engine` when the model is served elsewhere. Importable without gradio; code outside `engine/` imports only these names.
 """
 
 from engine.config import CHOICES, EngineConfig, choice_note, tensor_parallel_reason, unavailable_reason
@@ -14,7 +14,7 @@ from engine.core.metrics import GOODPUT_METRICS, RequestMetrics, check_goodput_s
 from engine.core.perplexity import PerplexityResult
 from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
-from engine.errors import ConfigError, EngineError, ModelLoadError, RequestError
+from engine.errors import ConfigError, EngineError, ModelLoadError, RemoteError, RequestError
 from engine.hub import ModelEntry, hub_repo, list_models, resolve_model_path
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
@@ -22,6 +22,7 @@ from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
 from engine.preload import import_serving_modules
 from engine.presets import list_presets, load_preset, preset_description
+from engine.remote import AddressPolicy, AllowedBase, RemoteEngine, RemoteOutput, RemoteTarget, RemoteTimeouts
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import GUIDED_KINDS, MAX_SPEC_CHARS, MAX_TOP_LOGPROBS, GuidedDecoding, SamplingParams
 from engine.sizing import MemoryEstimate, estimate_memory
@@ -35,13 +36,15 @@ from engine.tools.workloads import BenchRequest, SurgeSpec, WorkloadSpec, build_
 
 drop_unactionable_library_logs()
 
-__all__ = ["BenchRequest", "CHOICES", "ConfigError", "DecodeProfile", "DeviceCeilings", "EXPORT_TARGETS", "Engine",
-           "EngineConfig", "EngineError", "EngineInfo", "EnginePlan", "EngineStats", "ExportResult", "GOODPUT_METRICS",
-           "GUIDED_KINDS", "GuidedDecoding", "HardwareProjection", "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS",
-           "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult", "PhasePoint", "RequestError",
-           "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord", "StreamDelta",
-           "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload", "check_goodput_slos",
-           "choice_note", "describe_device", "device_ceilings", "engine_roofline", "estimate_memory", "export_command",
-           "format_export", "hub_repo", "import_serving_modules", "list_models", "list_presets", "load_preset",
-           "measure_engine", "parse_sets", "plan_engine", "preset_description", "project_hardware", "resolve_dataset",
-           "resolve_model_path", "tensor_parallel_reason", "unavailable_reason"]
+__all__ = ["AddressPolicy", "AllowedBase", "BenchRequest", "CHOICES", "ConfigError", "DecodeProfile",
+           "DeviceCeilings", "EXPORT_TARGETS", "Engine", "EngineConfig", "EngineError", "EngineInfo", "EnginePlan",
+           "EngineStats", "ExportResult", "GOODPUT_METRICS", "GUIDED_KINDS", "GuidedDecoding", "HardwareProjection",
+           "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult",
+           "PhasePoint", "RemoteEngine", "RemoteError", "RemoteOutput", "RemoteTarget", "RemoteTimeouts",
+           "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord",
+           "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload",
+           "check_goodput_slos", "choice_note", "describe_device", "device_ceilings", "engine_roofline",
+           "estimate_memory", "export_command", "format_export", "hub_repo", "import_serving_modules", "list_models",
+           "list_presets", "load_preset", "measure_engine", "parse_sets", "plan_engine",
+           "preset_description", "project_hardware", "resolve_dataset", "resolve_model_path",
+           "tensor_parallel_reason", "unavailable_reason"]

@@ -15,3 +15,13 @@ class ModelLoadError(EngineError):
 
 class RequestError(EngineError):
     """A request the engine cannot serve (prompt too long, bad sampling values, engine closed)."""
+
+
+class RemoteError(EngineError):
+    """A remote OpenAI-compatible server failed a call (`engine/remote/`): one message per failure, and `kind` naming
+    which for a caller that branches on it: "unreachable", "auth", "unknown_model", "http", "redirect", "dropped",
+    "first_token_timeout", "inter_token_timeout", "bad_reply" or "address" (refused by the address policy)."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind

@@ -23,7 +23,8 @@ ENGINE_MODULES = ("engine.backends.native", "engine.backends.hf", "engine.backen
                   "engine.backends.disaggregated", "engine.backends.llama_cpp", "engine.runner.tp_executor",
                   "huggingface_hub", "llguidance.hf",
                   "safetensors.torch", "torch.distributed", "torch.multiprocessing", "torch.utils.cpp_extension",
-                  "transformers.generation.configuration_utils", "transformers.modeling_rope_utils")
+                  "transformers.generation.configuration_utils", "transformers.modeling_rope_utils",
+                  "httpcore", "h11")  # the last two: what httpx imports when a RemoteEngine builds its client
 TRANSFORMERS_NAMES = ("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "GenerationConfig",
                       "StoppingCriteriaList", "BitsAndBytesConfig", "QuantoConfig", "TorchAoConfig")
 # The parts of the quantization libraries that their levels call, beyond each library's top module.

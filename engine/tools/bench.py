@@ -20,8 +20,9 @@ configuration once per value and keeps the best row as the base that `--compare`
 
 With `--endpoint URL` the same workload goes to an OpenAI-compatible server instead (the playground
 serves one at /v1): `--model` names the served model, `--preset`/`--compare` become `MODEL@PRESET`
-model ids, and every figure is measured by this client (TTFT to the first streamed text, ITL between
-streamed chunks, token counts from the server's `usage`).
+model ids, and every figure is measured by this client (`engine/remote/`, docs/remote.md: TTFT to the first
+streamed text, ITL between streamed chunks, token counts from the server's `usage`); `--api-key-env NAME` sends the
+key held in that environment variable.
 
     python -m engine.bench --endpoint http://127.0.0.1:7860/v1 --model demo --dataset chat \
         --preset no-prefix-cache --compare prefix-cache
@@ -36,21 +37,18 @@ import math
 import os
 import statistics
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
-from engine.core.metrics import RequestMetrics, check_goodput_slos, describe_device, summarize
-from engine.core.request import RequestOutput
+from engine.core.metrics import check_goodput_slos, describe_device, summarize
 from engine.errors import ConfigError, EngineError
 from engine.hub import PROJECT_ROOT
 from engine.overrides import parse_sets, parse_setting
 from engine.presets import load_preset
+from engine.remote import RemoteEngine, RemoteTarget, RemoteTimeouts
 from engine.sampling_params import SamplingParams
 from engine.tools.export import TARGETS as EXPORT_TARGETS
 from engine.tools.export import export_command, format_export
@@ -186,97 +184,29 @@ def _run_engine(config: EngineConfig, spec: WorkloadSpec, concurrency: int, temp
 
 # ---- an OpenAI-compatible server instead of an in-process engine -------------------------------
 
-class EndpointEngine:
-    """Stands in for `Engine` in `send`: each `submit` streams one request from an OpenAI-compatible server.
-
-    Token-id and text prompts go to /completions, chat messages to /chat/completions; the output's
-    metrics are this client's own timings (from sending the request) and the server's `usage` counts.
-    """
-
-    def __init__(self, base_url: str, model: str, timeout: float = 600.0):
-        self.base_url, self.model, self.timeout = base_url.rstrip("/"), model, timeout
-
-    def _post(self, path: str, body: dict):
-        request = urllib.request.Request(f"{self.base_url}{path}", data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        return urllib.request.urlopen(request, timeout=self.timeout)
-
-    def describe(self) -> dict:
-        """The served model's configuration and, once it is loaded, its engine's figures."""
-        with urllib.request.urlopen(f"{self.base_url}/models/{self.model}", timeout=self.timeout) as response:
-            return json.loads(response.read())
-
-    def submit(self, prompt, params: SamplingParams):
-        chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
-        body = {"model": self.model, "max_tokens": params.max_tokens, "temperature": params.temperature,
-                "ignore_eos": params.ignore_eos, "stream": True, "stream_options": {"include_usage": True},
-                "seed": params.seed, ("messages" if chat else "prompt"): prompt}
-        sent = time.perf_counter()
-        chunk_times: list[float] = []
-        text, usage, finish, error = [], {}, None, None
-        try:
-            with self._post("/chat/completions" if chat else "/completions", body) as response:
-                for raw in response:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[len("data: "):])
-                    if "error" in event:
-                        error = event["error"].get("message")
-                        break
-                    usage = event.get("usage") or usage
-                    for choice in event.get("choices", []):
-                        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-                        if piece:
-                            chunk_times.append(time.perf_counter())
-                            text.append(piece)
-                        finish = choice.get("finish_reason") or finish
-        except urllib.error.HTTPError as failure:  # the server's own message, in OpenAI's error format
-            error = f"HTTP {failure.code}: {failure.read().decode(errors='replace')[:300]}"
-        except (urllib.error.URLError, OSError, ValueError) as failure:
-            error = f"{type(failure).__name__}: {failure}"
-        return _EndpointResult(self._output(prompt, "".join(text), sent, chunk_times, usage, finish, error))
-
-    @staticmethod
-    def _output(prompt, text: str, sent: float, chunk_times: list[float], usage: dict, finish, error) -> RequestOutput:
-        outputs = usage.get("completion_tokens", 0)
-        metrics = RequestMetrics(prompt_tokens=usage.get("prompt_tokens", 0), output_tokens=outputs,
-                                 cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
-        if chunk_times:
-            metrics.ttft, metrics.e2el = chunk_times[0] - sent, chunk_times[-1] - sent
-            metrics.itl = [b - a for a, b in zip(chunk_times, chunk_times[1:], strict=False)]
-            if outputs > 1:
-                metrics.tpot = (metrics.e2el - metrics.ttft) / (outputs - 1)
-        ids = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) else []
-        return RequestOutput(-1, ids, text, [], "error" if error else (finish or "stop"), metrics, error)
-
-
-class _EndpointResult:
-    """What `send` waits on: the request already ran in `submit` (each runs on its own bench thread)."""
-
-    def __init__(self, output: RequestOutput):
-        self._output = output
-
-    def result(self) -> RequestOutput:
-        return self._output
-
-
 def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int, temperature: float,
-                 ignore_eos: bool, warmup: bool = True, goodput_slos: dict[str, float] | None = None) -> dict:
-    """The workload against an OpenAI-compatible server; engine-side figures are whatever the server reports."""
-    endpoint = EndpointEngine(base_url, model)
-    endpoint.submit("Hello", SamplingParams(max_tokens=1))  # loads the served engine, so it can describe itself
-    served = endpoint.describe()
-    engine = served.get("engine") or {}
-    vocab = engine.get("vocab_size")
-    if spec.dataset == "random" and not vocab:
-        raise EngineError(f"{base_url} does not report the vocabulary size of {model!r}; random prompts need it")
-    if warmup:
-        send(endpoint, warmup_workload(spec, vocab or 0), concurrency, temperature, ignore_eos, spec.seed)
-    requests = build_workload(spec, vocab or 0)
-    outputs, duration = send(endpoint, requests, concurrency, temperature, ignore_eos, spec.seed)
+                 ignore_eos: bool, warmup: bool = True, goodput_slos: dict[str, float] | None = None,
+                 api_key_env: str | None = None, timeouts: RemoteTimeouts | None = None) -> dict:
+    """The workload against an OpenAI-compatible server through `RemoteEngine`; engine-side figures are whatever
+    the server reports. `ignored_parameters` lists what the server was seen not to honour (e.g. `ignore_eos`, which
+    makes a fixed-length workload not fixed-length: `fixed_length` says whether it was)."""
+    with RemoteEngine(RemoteTarget(base_url, model, api_key_env), timeouts) as remote:
+        remote.describe()  # an unknown model or a refused key is said before anything is sent
+        loading = remote.submit("Hello", SamplingParams(max_tokens=1))  # loads the served engine
+        if loading.result().finish_reason == "error":
+            raise loading.exception
+        served = remote.describe()  # now with the loaded engine's figures, where the server reports them
+        engine = served.get("engine") or {}
+        vocab = engine.get("vocab_size")
+        if spec.dataset == "random" and not vocab:
+            raise EngineError(f"{base_url} does not report the vocabulary size of {model!r}; random prompts need it")
+        if warmup:
+            send(remote, warmup_workload(spec, vocab or 0), concurrency, temperature, ignore_eos, spec.seed)
+        requests = build_workload(spec, vocab or 0)
+        outputs, duration = send(remote, requests, concurrency, temperature, ignore_eos, spec.seed)
     errors = [o.error for o in outputs if o.finish_reason == "error"]
     metrics = [o.metrics for o in outputs]
+    ignored = {name: seen for o in outputs for name, seen in o.ignored.items()}  # one example of each
     result = summarize(metrics, duration, goodput_slos)
     prompt_tokens = sum(m.prompt_tokens for m in metrics)
     result.update({
@@ -285,6 +215,8 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
         "endpoint": base_url, "model": model, "backend": engine.get("backend"), "attention": engine.get("attention"),
         "dtype": engine.get("dtype"), "device": engine.get("device"), "config": served.get("config") or {},
         "decode_profile_text": None,  # a server's decode steps cannot be profiled from here
+        "ignored_parameters": ignored,
+        "fixed_length": ignore_eos and "ignore_eos" not in ignored,
     })
     return result
 
@@ -470,6 +402,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--endpoint", metavar="URL", help="benchmark an OpenAI-compatible server (its /v1 base URL) "
                         "instead of an in-process engine; --model names the served model")
+    parser.add_argument("--api-key-env", metavar="NAME", help="with --endpoint: the environment variable holding the "
+                        "server's API key (sent as a Bearer header; never printed)")
+    parser.add_argument("--first-token-timeout", type=float, default=600.0, metavar="S",
+                        help="with --endpoint: seconds from sending a request to its first streamed text")
+    parser.add_argument("--inter-token-timeout", type=float, default=120.0, metavar="S",
+                        help="with --endpoint: seconds between two streamed texts")
     parser.add_argument("--ceilings", action="store_true",
                         help="only print this device's roofline ceilings in --set dtype (default float32) and exit: "
                              "measured once, then read from the cache file")
@@ -526,8 +464,12 @@ def main(argv: list[str] | None = None) -> int:
                      "tokens, and a sweep builds configurations")
     if not args.surge and (args.surge_after is not None or not math.isinf(args.surge_rate)):
         parser.error("--surge-after and --surge-rate describe a --surge")
+    if not args.endpoint and (args.api_key_env or args.first_token_timeout != 600.0
+                              or args.inter_token_timeout != 120.0):
+        parser.error("--api-key-env, --first-token-timeout and --inter-token-timeout go with --endpoint")
     try:
         if args.endpoint:  # the served configurations are MODEL@PRESET ids; the server resolves them
+            timeouts = RemoteTimeouts(first_token=args.first_token_timeout, inter_token=args.inter_token_timeout)
             model = args.model or parse_sets(args.sets).get("model") or "demo"
             base_configs = {"base": f"{model}@{args.preset}" if args.preset else model}
             compare_config = f"{model}@{args.compare}" if args.compare else None
@@ -563,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, config in runs:
                 if args.endpoint:
                     this_round[name] = run_endpoint(args.endpoint, config, spec, concurrency, args.temperature,
-                                                    ignore_eos, not args.no_warmup, goodput_slos)
+                                                    ignore_eos, not args.no_warmup, goodput_slos, args.api_key_env,
+                                                    timeouts)
                 else:
                     this_round[name] = run_config(config, spec, concurrency, args.temperature, ignore_eos,
                                                   not args.no_warmup, args.perplexity, args.profile, goodput_slos,
@@ -595,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
         if result.get("roofline_text"):
             print(f"{name}: {result['roofline_text']}")
     for name, result in results.items():
+        for parameter, seen in (result.get("ignored_parameters") or {}).items():
+            consequence = "; the fixed-length workload was not fixed-length" if parameter == "ignore_eos" else ""
+            print(f"{name}: the server did not honour {parameter} ({seen}){consequence}", file=sys.stderr)
         if result["errors"]:
             print(f"{name}: {result['errors']} request(s) failed, e.g. {result['first_error']}", file=sys.stderr)
     report = bench_report(base, spec, concurrency, args.temperature, ignore_eos, args.preset, goodput_slos)
