@@ -4,8 +4,9 @@ Public API (docs/architecture.md): `Engine`, `EngineConfig`, `SamplingParams`, t
 and errors; the plan a configuration resolves to (`plan_engine`) and its memory (`estimate_memory`);
 the catalogue helpers the playground and the bench need (presets, curated models, the availability of
 each choice on this host); the tools' workloads, measurement, roofline and what-if hardware projection
-(`engine/tools/`), so the playground measures exactly as `python -m engine.bench` does; and the remote client (`RemoteEngine`,
-`engine/remote/`), which stands in for an `Engine` when the model is served elsewhere. Importable without gradio; code outside `engine/` imports only these names.
+(`engine/tools/`), so the playground measures exactly as `python -m engine.bench` does; and `open_engine`, which opens
+a configuration's engine: an in-process `Engine`, or a model an OpenAI-compatible server serves (`ServedModel` over the
+remote client, `engine/remote/`). Importable without gradio; code outside `engine/` imports only these names.
 """
 
 from engine.config import CHOICES, EngineConfig, choice_note, tensor_parallel_reason, unavailable_reason
@@ -25,6 +26,7 @@ from engine.presets import list_presets, load_preset, preset_description
 from engine.remote import AddressPolicy, AllowedBase, RemoteEngine, RemoteOutput, RemoteTarget, RemoteTimeouts
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import GUIDED_KINDS, MAX_SPEC_CHARS, MAX_TOP_LOGPROBS, GuidedDecoding, SamplingParams
+from engine.serving import open_engine
 from engine.sizing import MemoryEstimate, estimate_memory
 from engine.tools.export import TARGETS as EXPORT_TARGETS
 from engine.tools.export import ExportResult, export_command, format_export
@@ -45,6 +47,6 @@ __all__ = ["AddressPolicy", "AllowedBase", "BenchRequest", "CHOICES", "ConfigErr
            "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload",
            "check_goodput_slos", "choice_note", "describe_device", "device_ceilings", "engine_roofline",
            "estimate_memory", "export_command", "format_export", "hub_repo", "import_serving_modules", "list_models",
-           "list_presets", "load_preset", "measure_engine", "parse_sets", "plan_engine",
+           "list_presets", "load_preset", "measure_engine", "open_engine", "parse_sets", "plan_engine",
            "preset_description", "project_hardware", "resolve_dataset", "resolve_model_path",
            "tensor_parallel_reason", "unavailable_reason"]

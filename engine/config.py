@@ -20,7 +20,7 @@ from engine.hub import curated_draft
 from engine.quant.levels import LEVELS as QUANT_LEVELS
 
 CHOICES: dict[str, list[str]] = {
-    "backend": ["auto", "native", "hf", "llama.cpp"],
+    "backend": ["auto", "native", "hf", "llama.cpp", "remote"],
     "device": ["auto", "cpu", "cuda"],
     "dtype": ["auto", "float32", "bfloat16", "float16"],
     "quantization": ["none", *QUANT_LEVELS],
@@ -37,6 +37,12 @@ CHOICES: dict[str, list[str]] = {
 MAX_SPECULATIVE_TOKENS = 16
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the versions requirements-test.txt pins
 GGUF_VERSION = "0.19.0"
+# Knobs of the local engine that a served model (backend='remote') leaves to its server.
+REMOTE_SERVER_SIDE = ("device", "dtype", "quantization", "gguf_type", "attention", "kv_layout", "block_size",
+                      "prefix_caching", "kv_cache_bytes", "kv_memory_fraction", "kv_cache_dtype", "batching",
+                      "max_num_seqs", "max_num_batched_tokens", "speculative", "draft_model", "num_speculative_tokens",
+                      "gqa", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_micro_batches",
+                      "pipeline_schedule", "disaggregation", "cuda_graphs", "cpu_kernels")
 KV_CACHE_NOTES = {
     "bfloat16": "half the bytes of float32 per token; the CPU kernel widens it to float32 as it reads",
     "int8": "int8 values and a float32 scale per token and head (68 bytes per 64 values): 3.8x the tokens of "
@@ -190,6 +196,9 @@ class EngineConfig:
     seed: int = 0
     cuda_graphs: bool = True
     cpu_kernels: bool = True
+    remote_url: str = ""
+    remote_model: str = ""
+    remote_api_key_env: str = ""
 
     def __post_init__(self):
         self.validate()
@@ -267,6 +276,7 @@ class EngineConfig:
             raise ConfigError(f"pipeline_micro_batches must be a positive integer (or unset: one per stage), got "
                               f"{self.pipeline_micro_batches!r}")
         self._validate_process_layout()
+        self._validate_remote()
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             reason = worker_processes_reason(self.tensor_parallel_size * self.pipeline_parallel_size, self.device,
                                              "processes (stages x ranks)",
@@ -345,6 +355,27 @@ class EngineConfig:
         if self.pipeline_micro_batches is not None and not pipelined:
             raise ConfigError("pipeline_micro_batches splits a step between pipeline stages: it needs "
                               "pipeline_parallel_size > 1 (or leave it unset)")
+
+    def _validate_remote(self) -> None:
+        """backend='remote': an OpenAI-compatible server serves the model (`engine/remote/`), so this process only
+        keeps `model`'s tokenizer and chat template; the local engine's knobs are the server's (the plan names those
+        set here as ignored)."""
+        for name in ("remote_url", "remote_model", "remote_api_key_env"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be text, got {getattr(self, name)!r}")
+        if self.backend != "remote":
+            given = [name for name in ("remote_url", "remote_model", "remote_api_key_env") if getattr(self, name)]
+            if given:
+                raise ConfigError(f"{', '.join(given)} name(s) a served model: set backend='remote' to use them")
+            return
+        if not self.remote_url.startswith(("http://", "https://")):
+            raise ConfigError(f"remote_url must be the server's http(s) base URL (e.g. http://127.0.0.1:8000/v1), "
+                              f"got {self.remote_url!r}")
+        if not self.remote_model.strip():
+            raise ConfigError("remote_model must be the model name the server serves (its /v1/models lists them)")
+        if self.remote_api_key_env and not self.remote_api_key_env.replace("_", "").isalnum():
+            raise ConfigError("remote_api_key_env must be the name of an environment variable that holds the API key "
+                              f"(letters, digits and _), got {self.remote_api_key_env!r}")
 
     @property
     def resolved_device(self) -> str:

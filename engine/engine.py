@@ -53,7 +53,7 @@ from engine.guided.grammars import CompiledGrammar, GrammarCompiler
 from engine.hub import eos_token_ids, load_tokenizer
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.plan import EnginePlan, plan_engine
-from engine.prompts import PromptEncoder, check_text
+from engine.prompts import PromptEncoder, check_text, encode_prompt, prompt_batch
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import GuidedDecoding, SamplingParams
 
@@ -94,14 +94,6 @@ def quiet_other_engines(engine: Engine, timeout: float = QUIET_TIMEOUT_SECONDS) 
 def _close_open_engines() -> None:
     for engine in list(_OPEN_ENGINES):
         engine.close()
-
-
-def _is_single_prompt(prompts) -> bool:
-    if isinstance(prompts, str):
-        return True
-    if isinstance(prompts, list) and prompts:
-        return all(isinstance(p, int) for p in prompts) or all(isinstance(p, dict) for p in prompts)
-    return False
 
 
 def make_backend(plan: EnginePlan) -> Backend:
@@ -217,35 +209,9 @@ class Engine:
 
         Raises RequestError for anything else, and for a prompt that leaves no room to generate.
         """
-        is_messages = isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)
-        if tools is not None and not (is_messages and isinstance(tools, list)
-                                      and all(isinstance(tool, dict) for tool in tools)):
-            raise RequestError("tools must be a list of tool objects, and go with chat messages (not with text or "
-                               "token ids)")
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                       for t in prompt):
-            ids = list(prompt)
-        elif isinstance(prompt, str) or is_messages:
-            ids = self._encode_text_or_messages(prompt, tools)
-        else:
-            raise RequestError("a prompt must be a string, a list of token ids or a list of chat messages "
-                               f"(role/content dicts), got {type(prompt).__name__}")
         if self._backend is None:
             raise RequestError("the engine is closed")
-        vocab = self.plan.vocab_size
-        if not ids:
-            raise RequestError("the prompt is empty")
-        if any(t < 0 or t >= vocab for t in ids):
-            raise RequestError(f"token ids must be in [0, {vocab})")
-        if len(ids) >= self.config.max_model_len:
-            raise RequestError(f"the prompt is {len(ids)} tokens but max_model_len is {self.config.max_model_len}; "
-                               "shorten it (at least one token must fit after it)")
-        return ids
-
-    def _encode_text_or_messages(self, prompt: str | list[dict], tools: list[dict] | None) -> list[int]:
-        if self._prompts is None:
-            raise RequestError("this model has no tokenizer: send token ids instead of text")
-        return self._prompts.text(prompt) if isinstance(prompt, str) else self._prompts.messages(prompt, tools)
+        return encode_prompt(self._prompts, prompt, tools, self.plan.vocab_size, self.config.max_model_len)
 
     def _make_request(self, prompt: Prompt, params: SamplingParams,
                       grammar: tuple[CompiledGrammar, bool] | None = None, first: bool = True) -> Request:
@@ -311,12 +277,7 @@ class Engine:
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RequestOutput]:
         """One output per prompt, in order. All prompts are validated before any is queued."""
-        if prompts is None or not isinstance(prompts, str | list | tuple):
-            raise RequestError("generate() takes a prompt or a list of prompts")
-        batch = [prompts] if _is_single_prompt(prompts) else list(prompts)
-        if not batch:
-            raise RequestError("generate() got no prompts")
-        return [handle.result() for handle in self._submit_all(batch, params)]
+        return [handle.result() for handle in self._submit_all(prompt_batch(prompts), params)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as they are produced; closing the generator early cancels the request."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.config import EngineConfig, tensor_parallel_reason
+from engine.config import REMOTE_SERVER_SIDE, EngineConfig, tensor_parallel_reason
 from engine.errors import ConfigError, ModelLoadError
 from engine.gguf.convert import unconvertible_reason
 from engine.gguf.files import gguf_path
@@ -113,6 +113,9 @@ class EnginePlan:
 
     def summary(self) -> str:
         """One line of what would load, as the playground's check line shows it."""
+        if self.backend == "remote":
+            return (f"remote · {self.config.remote_url} · model {self.config.remote_model} · prompts encoded with "
+                    f"{self.config.model}'s tokenizer · context {self.max_model_len}")
         parts = [self.backend, self.device, self.dtype_name, f"{self.attention} attention",
                  f"context {self.max_model_len}"]
         if self.backend == "native":
@@ -133,6 +136,8 @@ def plan_engine(config: EngineConfig, download: bool = True) -> EnginePlan:
     path = resolve_model_path(config.model, download)
     hf_config = load_hf_config(path)
     architecture = checkpoint_architecture(hf_config)
+    if config.backend == "remote":
+        return _plan_remote(config, path, hf_config, architecture)
     not_native = _not_native_reason(architecture, hf_config)
     notices: list[str] = []
     if config.backend == "llama.cpp":
@@ -347,6 +352,28 @@ def _plan_llama_cpp(config: EngineConfig, path: Path, hf_config, architecture: s
         cpu_kernels=False, cuda_graphs=False, max_model_len=max_model_len, block_size=positions,
         num_kv_blocks=1, kv_block_bytes=token_bytes * positions, kv_bytes_per_token=token_bytes,
         num_kv_heads=spec.num_kv_heads, vocab_size=spec.vocab_size, spec=spec, notices=tuple(notices))
+
+
+def _plan_remote(config: EngineConfig, path: Path, hf_config, architecture: str) -> EnginePlan:
+    """A model served by an OpenAI-compatible server: this process keeps `model`'s tokenizer and chat template (the
+    prompts it sends are token ids it encoded, so two engines compared are given the same tokens) and nothing else;
+    device, precision, attention and the KV cache are the server's."""
+    text = hf_config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+    max_model_len = min(config.max_model_len or DEFAULT_MAX_MODEL_LEN, limit)
+    dtype = resolve_dtype(config, hf_config, "cpu")  # the checkpoint's, for the record: the server's is its own
+    notices = [f"served by {config.remote_url} as {config.remote_model!r}: figures are measured at this client, "
+               f"prompts are encoded with {config.model}'s tokenizer"]
+    defaults = EngineConfig()
+    ignored = [name for name in REMOTE_SERVER_SIDE if getattr(config, name) != getattr(defaults, name)]
+    if ignored:
+        notices.append(f"the server decides {', '.join(ignored)}: set here, ignored")
+    return EnginePlan(
+        config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config, architecture=architecture,
+        device="remote", dtype=dtype, kv_dtype=dtype, attention="the server's", cpu_kernels=False, cuda_graphs=False,
+        max_model_len=max_model_len, block_size=0,
+        num_kv_blocks=0, kv_block_bytes=0, kv_bytes_per_token=0, num_kv_heads=0, vocab_size=text.vocab_size,
+        notices=tuple(notices))
 
 
 def _hf_ignored_knobs(config: EngineConfig, device: str) -> list[str]:

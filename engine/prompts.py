@@ -93,3 +93,45 @@ def _encoded(failure: str, encode) -> list[int]:
     except Exception as error:  # the template refuses these messages (e.g. roles out of order), or a control
         # token's text cannot be encoded apart from the token itself in this vocabulary
         raise RequestError(f"{failure}: {error}") from None
+
+
+def encode_prompt(prompts: PromptEncoder | None, prompt, tools: list[dict] | None, vocab_size: int,
+                  max_model_len: int) -> list[int]:
+    """Token ids of a prompt (text, token ids, or chat messages rendered with the chat template, with `tools` where
+    the template renders them) for a model of `vocab_size` and context `max_model_len`; `prompts` is None for a
+    model without a tokenizer. RequestError for anything else, and for a prompt that leaves no room to generate.
+    One rule for every engine that encodes locally (the in-process engine, a served model's client)."""
+    is_messages = isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt)
+    if tools is not None and not (is_messages and isinstance(tools, list)
+                                  and all(isinstance(tool, dict) for tool in tools)):
+        raise RequestError("tools must be a list of tool objects, and go with chat messages (not with text or "
+                           "token ids)")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = list(prompt)
+    elif isinstance(prompt, str) or is_messages:
+        if prompts is None:
+            raise RequestError("this model has no tokenizer: send token ids instead of text")
+        ids = prompts.text(prompt) if isinstance(prompt, str) else prompts.messages(prompt, tools)
+    else:
+        raise RequestError("a prompt must be a string, a list of token ids or a list of chat messages "
+                           f"(role/content dicts), got {type(prompt).__name__}")
+    if not ids:
+        raise RequestError("the prompt is empty")
+    if any(t < 0 or t >= vocab_size for t in ids):
+        raise RequestError(f"token ids must be in [0, {vocab_size})")
+    if len(ids) >= max_model_len:
+        raise RequestError(f"the prompt is {len(ids)} tokens but max_model_len is {max_model_len}; "
+                           "shorten it (at least one token must fit after it)")
+    return ids
+
+
+def prompt_batch(prompts) -> list:
+    """`generate()`'s argument as a list of prompts: one prompt (text, token ids or chat messages) or a list of them."""
+    if prompts is None or not isinstance(prompts, str | list | tuple):
+        raise RequestError("generate() takes a prompt or a list of prompts")
+    single = isinstance(prompts, str) or (isinstance(prompts, list) and bool(prompts) and (
+        all(isinstance(p, int) for p in prompts) or all(isinstance(p, dict) for p in prompts)))
+    batch = [prompts] if single else list(prompts)
+    if not batch:
+        raise RequestError("generate() got no prompts")
+    return batch

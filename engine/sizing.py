@@ -94,6 +94,8 @@ def estimate_memory(config: EngineConfig | EnginePlan) -> MemoryEstimate:
     config = plan.config
     if plan.backend == "llama.cpp":
         return MemoryEstimate(gguf_weights_bytes(plan), plan.kv_cache_bytes, plan.kv_bytes_per_token, 1)
+    if plan.backend == "remote":  # the server holds the model; this process only a tokenizer
+        return MemoryEstimate(0, 0)
     if prequantized_method(plan.hf_config):
         return MemoryEstimate(sum(file.stat().st_size for file in safetensors_files(plan.path)), 0)
     if plan.backend == "hf":

@@ -133,6 +133,11 @@ class RemoteHandle:
     def done(self) -> bool:
         return self._last is not None and self._last.finished
 
+    @property
+    def ignored(self) -> dict[str, str]:
+        """What the server did not honour (`ignored_parameters`), known once the request has ended."""
+        return dict(self._ignored)
+
     def result(self) -> RemoteOutput:
         """Block until the request ends; a failure is finish_reason "error" with its message (and `exception`), the
         text streamed before it kept."""

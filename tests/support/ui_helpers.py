@@ -60,3 +60,35 @@ def api_client(url: str):
     from gradio_client import Client
 
     return Client(url, verbose=False)
+
+
+@contextmanager
+def app_process(env: dict | None = None, timeout: float = 120.0) -> Iterator[str]:
+    """`python app.py` in a second process on a free port of 127.0.0.1, as its base URL once it serves the page;
+    terminated afterwards."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = free_port()
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
+           "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})}
+    process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/", timeout=2):
+                    break
+            except OSError:
+                assert process.poll() is None, "app.py exited"
+                assert time.monotonic() < deadline, "app.py did not serve in time"
+                time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,7 +22,7 @@ from playground.engine_panel.handlers import PanelHandlers
 from playground.figures.configuration import config_tag
 from playground.page import PageHandlers
 from playground.shared.settings import Settings
-from tests.support.ui_helpers import ROOT, api_client, free_port, serving
+from tests.support.ui_helpers import api_client, app_process, serving
 
 # The chat settings with structured output off and no token probabilities.
 NO_STRUCTURE = ("off", "", False)
@@ -337,26 +334,9 @@ def test_over_budget_loads_are_refused_before_they_allocate(running_app):
 
 
 def test_python_app_py_serves_the_page_and_the_openai_routes():
-    port = free_port()
-    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
-           "GRADIO_ANALYTICS_ENABLED": "False"}
-    process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as response:
-                    page = response.read().decode()
-                break
-            except OSError:
-                assert process.poll() is None, "app.py exited"
-                assert time.monotonic() < deadline, "app.py did not serve in time"
-                time.sleep(0.5)
-        assert "Inference Playground" in page
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
+    with app_process() as url:
+        with urllib.request.urlopen(f"{url}/", timeout=10) as response:
+            assert "Inference Playground" in response.read().decode()
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
             models = json.loads(response.read())
         assert models["object"] == "list" and models["data"][0]["object"] == "model"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
