@@ -22,13 +22,15 @@ import torch
 from starlette.middleware import Middleware
 
 from engine import (
-    Engine,
+    AddressPolicy,
+    AllowedBase,
     EngineConfig,
     describe_device,
     estimate_memory,
     import_serving_modules,
     list_models,
     list_presets,
+    open_engine,
 )
 from playground.api.http_limits import BodyLimits, bounded_protocol
 from playground.api.openai import openai_routes
@@ -108,7 +110,15 @@ def memory_estimator(max_kv_cache_bytes: int | None):
     return estimate
 
 
-def engine_size_bytes(engine: Engine) -> int:
+def remote_policy(settings: Settings) -> AddressPolicy:
+    """Which servers a served model (backend='remote') may be fetched from: anything on a laptop; on a public server
+    only the base URLs of PLAYGROUND_REMOTE_ALLOW, each on public addresses unless written `private=URL`."""
+    entries = tuple(AllowedBase(item.removeprefix("private="), item.startswith("private="))
+                    for item in settings.remote_allow_list)
+    return AddressPolicy(settings.public, entries)
+
+
+def engine_size_bytes(engine) -> int:
     stats = engine.stats()
     return stats.weights_bytes + stats.kv_cache_bytes
 
@@ -130,13 +140,15 @@ def create_playground(settings: Settings | None = None, default_model: str | Non
     if settings.public and kv_cap is None:
         kv_cap = budget // settings.max_engines
         settings = dataclasses.replace(settings, max_kv_cache_mib=kv_cap // MIB)
-    pool = EnginePool(Engine, size_of=engine_size_bytes, close=Engine.close, estimate=memory_estimator(kv_cap),
+    policy = remote_policy(settings)
+    pool = EnginePool(lambda config: open_engine(config, policy), size_of=engine_size_bytes,
+                      close=lambda engine: engine.close(), estimate=memory_estimator(kv_cap),
                       memory_budget_bytes=budget, max_engines=settings.max_engines)
     default_model = default_model or next((name for name, entry in models.items() if entry.default),
                                           next(iter(models), "demo"))
     return PlaygroundContext(pool, settings, models, describe_device(), EngineConfig(model=default_model),
                              list_presets(), kv_cap,
-                             MeasurementSlot(settings.max_measure_waiting, settings.max_measure_seconds))
+                             MeasurementSlot(settings.max_measure_waiting, settings.max_measure_seconds), policy)
 
 
 def warm_up(context: PlaygroundContext) -> threading.Thread:

@@ -115,6 +115,7 @@ class ChatHandlers:
         index = conversation.exchanges.index(exchange)
         received = time.perf_counter()
         speculative, guided = session.config.speculative != "off", params.guided is not None
+        served_elsewhere = session.config.backend == "remote"
         metrics, started, logprobs = None, False, []
         session.streaming, session.stop_requested = True, False
         try:
@@ -126,7 +127,7 @@ class ChatHandlers:
                 exchange.dropped_turns = fitted.dropped_turns
                 stream = engine.stream(fitted.token_ids, params)
                 session.activity.request_started(time.perf_counter())
-                last_shown, first_text = 0.0, None
+                last_shown, first_text, counted = 0.0, None, 0
                 try:
                     # The first delta submits the request: what the engine refuses at submission (a schema keyword
                     # the grammar library cannot enforce) raises here, before the reply has started. (Checking the
@@ -137,11 +138,14 @@ class ChatHandlers:
                         now = time.perf_counter()
                         exchange.reply += delta.text
                         logprobs += delta.logprobs
-                        session.activity.tokens_arrived(now, len(delta.token_ids))
+                        # tokens by the request's own count (a served model streams text: its count is the server's)
+                        session.activity.tokens_arrived(now, delta.metrics.output_tokens - counted)
+                        counted = delta.metrics.output_tokens
                         metrics = delta.metrics
                         if delta.text and first_text is None:
                             first_text = now
-                        exchange.figures = {**exchange.figures, **reply_figures(metrics, speculative, guided),
+                        exchange.figures = {**exchange.figures,
+                                            **reply_figures(metrics, speculative, guided, served_elsewhere),
                                             "first_text_ms": None if first_text is None
                                             else round((first_text - received) * 1000, 1)}
                         if delta.finished:
@@ -167,7 +171,8 @@ class ChatHandlers:
                 if exchange.finish_reason is None:  # Stop, or the generator was closed (the tab went away)
                     exchange.finish_reason = "cancelled"
                 if metrics is None:
-                    exchange.figures = {**exchange.figures, **reply_figures(None, speculative, guided)}
+                    exchange.figures = {**exchange.figures,
+                                        **reply_figures(None, speculative, guided, served_elsewhere)}
                 if guided:
                     exchange.validity = asdict(reply_validity(params.guided.kind, params.guided.spec, exchange.reply,
                                                               exchange.finish_reason))

@@ -11,17 +11,18 @@ import json
 
 from engine import CHOICES, choice_note, unavailable_reason
 
-RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "attention", "kv_layout", "kv_cache_dtype", "batching",
-                "speculative", "pipeline_schedule", "disaggregation")
+RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "gguf_type", "attention", "kv_layout", "kv_cache_dtype",
+                "batching", "speculative", "pipeline_schedule", "disaggregation")
 GQA_CHOICES = ["native", "mha", "1", "2", "4", "8"]
 TP_CHOICES = [1, 2, 4, 8]
 PP_CHOICES = [1, 2, 4, 8]
 DROPDOWN_CHOICES = {"gqa": GQA_CHOICES, "tensor_parallel_size": TP_CHOICES, "pipeline_parallel_size": PP_CHOICES}
 HELP = {
-    "backend": "native engine or plain transformers (baseline)",
+    "backend": "native engine, plain transformers (baseline), llama.cpp in this process, or a server elsewhere",
     "device": "where the model runs",
     "dtype": "weight and activation precision",
     "quantization": "how the weights are stored and multiplied: packed levels, or 2:4 pruning",
+    "gguf_type": "llama.cpp's weight file (backend=llama.cpp): f32, f16, or its q8_0 / q4_0 blocks",
     "attention": "attention kernel over the KV cache",
     "kv_layout": "paged blocks, or one contiguous slab per sequence",
     "kv_cache_dtype": "KV cache precision: what the cache stores (auto = the model's dtype)",

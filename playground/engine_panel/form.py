@@ -18,11 +18,12 @@ from playground.shared.values import parse_flag, parse_int, parse_number, parse_
 
 # Every control of the engine panel, in the order the UI passes them to `apply` and `check`.
 FORM_FIELDS = (
-    "model", "custom_model", "backend", "device", "dtype", "quantization", "attention", "kv_layout", "kv_cache_dtype",
-    "block_size", "prefix_caching", "kv_cache_mib", "batching", "max_num_seqs", "max_num_batched_tokens",
-    "max_model_len", "kv_memory_fraction", "speculative", "draft_model", "num_speculative_tokens", "gqa",
-    "tensor_parallel_size", "pipeline_parallel_size", "pipeline_micro_batches", "pipeline_schedule", "disaggregation",
-    "seed", "cuda_graphs", "cpu_kernels",
+    "model", "custom_model", "backend", "device", "dtype", "quantization", "gguf_type", "attention", "kv_layout",
+    "kv_cache_dtype", "block_size", "prefix_caching", "kv_cache_mib", "batching", "max_num_seqs",
+    "max_num_batched_tokens", "max_model_len", "kv_memory_fraction", "speculative", "draft_model",
+    "num_speculative_tokens", "gqa", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_micro_batches",
+    "pipeline_schedule", "disaggregation", "seed", "cuda_graphs", "cpu_kernels", "remote_url", "remote_model",
+    "remote_api_key_env",
 )
 # Config fields the panel shows under another name or derives (the rest share their control's name).
 _DERIVED = {"model", "kv_cache_bytes", "max_model_len", "kv_memory_fraction", "draft_model", "pipeline_micro_batches"}
@@ -66,16 +67,18 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
     if not 0 <= fraction <= 1:
         raise Refused(f"kv_memory_fraction must be 0 (the device's default) or in (0, 1], got {shown(fraction)}")
     draft = parse_text("draft_model", values["draft_model"]) if speculative == "draft" else ""
+    backend = _choice("backend", values["backend"])
     stages = parse_int("pipeline_parallel_size", values["pipeline_parallel_size"], 1, 1024)
     micro_batches = 0 if values["pipeline_micro_batches"] is None else parse_int(
         "pipeline_micro_batches", values["pipeline_micro_batches"], 0, 1024)
     return {
         **(extras or {}),
         "model": model,
-        "backend": _choice("backend", values["backend"]),
+        "backend": backend,
         "device": _choice("device", values["device"]),
         "dtype": _choice("dtype", values["dtype"]),
         "quantization": _choice("quantization", values["quantization"]),
+        "gguf_type": _choice("gguf_type", values["gguf_type"]) if backend == "llama.cpp" else "f32",
         "attention": _choice("attention", values["attention"]),
         "kv_layout": _choice("kv_layout", values["kv_layout"]),
         "kv_cache_dtype": _choice("kv_cache_dtype", values["kv_cache_dtype"]),
@@ -99,7 +102,15 @@ def parse_form(values: dict, extras: dict | None = None) -> dict:
         "seed": parse_int("seed", values["seed"], 0, MAX_SEED),
         "cuda_graphs": parse_flag("cuda_graphs", values["cuda_graphs"]),
         "cpu_kernels": parse_flag("cpu_kernels", values["cpu_kernels"]),
+        **_served_elsewhere(values, backend),
     }
+
+
+def _served_elsewhere(values: dict, backend: str) -> dict:
+    """The remote server's fields, read only with backend=remote (they keep their text while another backend is
+    tried, as the draft model does while speculation is off)."""
+    names = ("remote_url", "remote_model", "remote_api_key_env")
+    return {name: parse_text(name, values[name]) if backend == "remote" else "" for name in names}
 
 
 def read_form(values: Sequence, extras) -> dict:

@@ -50,8 +50,22 @@ def _controls(panel: PanelHandlers) -> dict:
         placeholder="e.g. HuggingFaceTB/SmolLM2-135M-Instruct", info="overrides the list when set",
         visible=not settings.curated_only, elem_classes=["ctl"])
     with gr.Accordion("Execution", open=True, elem_classes=["group"]):
-        for field_name in ("backend", "device", "dtype", "quantization", "attention"):
+        for field_name in ("backend", "device", "dtype", "quantization", "gguf_type", "attention"):
             controls[field_name] = _radio(field_name, form[field_name])
+    with gr.Accordion("Served elsewhere (backend=remote)", open=False, elem_classes=["group"]):
+        remote_note = ("" if not settings.public or settings.remote_allow_list else
+                       " · off on this public server: its host allows no base URL (PLAYGROUND_REMOTE_ALLOW)")
+        controls["remote_url"] = gr.Textbox(
+            value=form["remote_url"], label="remote_url", elem_id="ctl-remote_url", elem_classes=["ctl"],
+            placeholder="e.g. http://127.0.0.1:8000/v1",
+            info="an OpenAI-compatible server's base URL (vLLM, SGLang, llama.cpp's server, this app's /v1)"
+                 + remote_note)
+        controls["remote_model"] = gr.Textbox(
+            value=form["remote_model"], label="remote_model", elem_id="ctl-remote_model", elem_classes=["ctl"],
+            info="the model name the server serves; prompts are encoded with the model above's tokenizer")
+        controls["remote_api_key_env"] = gr.Textbox(
+            value=form["remote_api_key_env"], label="remote_api_key_env", elem_id="ctl-remote_api_key_env",
+            elem_classes=["ctl"], info="the environment variable holding its API key (the key is never shown)")
     with gr.Accordion("KV cache", open=True, elem_classes=["group"]):
         controls["kv_layout"] = _radio("kv_layout", form["kv_layout"])
         controls["kv_cache_dtype"] = _radio("kv_cache_dtype", form["kv_cache_dtype"])

@@ -37,6 +37,7 @@ _WORDS = {
     "device": lambda value, _: value,
     "dtype": lambda value, _: value,
     "quantization": lambda value, _: value,
+    "gguf_type": lambda value, _: f"GGUF {value}",
     "attention": lambda value, _: f"attention {value}",
     "kv_layout": lambda value, _: f"{value} KV",
     "block_size": lambda value, _: f"block {value}",
@@ -60,6 +61,9 @@ _WORDS = {
     "seed": lambda value, _: f"seed {value}",
     "cuda_graphs": lambda value, _: "CUDA graphs" if value else "no CUDA graphs",
     "cpu_kernels": lambda value, _: "CPU kernels" if value else "no CPU kernels",
+    "remote_url": lambda value, _: f"at {value.split('://', 1)[-1]}",
+    "remote_model": lambda value, _: f"as {value}",
+    "remote_api_key_env": lambda value, _: f"key ${value}",
 }
 
 
@@ -99,6 +103,9 @@ def config_summary(config: EngineConfig, info: EngineInfo | None = None) -> str:
     the loaded engine's) and what the defaults are.
     """
     backend = info.backend if info else config.backend
+    if backend == "remote":
+        return (f"{config_tag(config)} — served by {config.remote_url} as {config.remote_model}, figures measured "
+                f"at this client · prompts encoded with {model_label(config.model)}'s tokenizer")
     batching = config.batching
     if backend == "hf":
         batching = "generate_batch continuous" if batching == "continuous" else "generate static"
@@ -115,7 +122,7 @@ def header_html(device: str, config: EngineConfig, info: EngineInfo | None, load
     """The one-line header: device on the left, the active configuration on the right (with what `auto`
     resolved to once its engine is loaded)."""
     active = html.escape(config_summary(config, info))
-    if info:
+    if info and info.num_params:  # a served model's parameters are the server's, unknown here
         active += f' <span class="hdr-muted">· {info.num_params / 1e6:.1f}M params</span>'
     if load_seconds is not None:
         active += f' <span class="hdr-muted">· loaded {load_seconds:.1f} s</span>'

@@ -21,6 +21,8 @@ from playground.figures.spread import Spread
 FIGURE_TITLES = {
     "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
                    "output token",
+    "client TTFT": "time to first token seen by this client of a served model (backend=remote): from sending the "
+                   "request to its first streamed text (the network and the server's queue included)",
     "Enter → text": "what you waited: from pressing Enter to the first text on screen (network, queue, "
                     "tokenisation and the engine's TTFT)",
     "decode": "output tokens per second after the first one (1 / TPOT)",
@@ -53,10 +55,12 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-def reply_figures(metrics: RequestMetrics | None, speculative: bool, guided: bool = False) -> dict:
+def reply_figures(metrics: RequestMetrics | None, speculative: bool, guided: bool = False,
+                  served_elsewhere: bool = False) -> dict:
     """Per-reply figures from the engine's metrics, as plain numbers (also what the APIs return); a reply
     that got no token yet (`metrics` None) has empty figures. `guided`: the reply was sent with structured output
-    (its mask figures are added)."""
+    (its mask figures are added). `served_elsewhere`: a served model's reply (backend=remote), whose times are
+    this client's (`measured_at` says so, and the chips are labelled so)."""
     if metrics is None:
         metrics = RequestMetrics()
     figures = {
@@ -68,6 +72,8 @@ def reply_figures(metrics: RequestMetrics | None, speculative: bool, guided: boo
         "cached_tokens": metrics.cached_tokens,
         "output_tokens": metrics.output_tokens,
     }
+    if served_elsewhere:
+        figures["measured_at"] = "client"
     if speculative:
         proposed, accepted, drafts = metrics.spec_proposed, metrics.spec_accepted, metrics.spec_drafts
         figures["spec_acceptance"] = round(accepted / proposed, 3) if proposed else None
@@ -92,7 +98,8 @@ def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns:
         own = _fmt(figures.get(key), f"{number} {unit}")
         return f"{own} ({spreads[key].text(number, unit)})" if key in spreads else own
 
-    chips = [("engine TTFT", with_spread("engine_ttft_ms", "{:.0f}", "ms"))]
+    ttft_label = "client TTFT" if figures.get("measured_at") == "client" else "engine TTFT"
+    chips = [(ttft_label, with_spread("engine_ttft_ms", "{:.0f}", "ms"))]
     if figures.get("visible_ttft_ms") is not None:
         chips.append(("Enter → text", _fmt(figures["visible_ttft_ms"], "{:.0f} ms")))
     chips += [

@@ -33,8 +33,22 @@ TOGGLES = {
     "custom_model": Entry("model: hub id or local path", "Any Hugging Face hub id or local folder, instead of the "
                           "list (only where the server allows it).", "a hub model is downloaded on first use."),
     "backend": Entry("backend", "Which code serves the model: this project's native engine (paged KV cache, its own "
-                     "scheduler) or plain transformers (the baseline it is measured against).",
-                     "native is the optimized path; hf is the reference and runs architectures native does not."),
+                     "scheduler), plain transformers (the baseline it is measured against), llama.cpp in this process "
+                     "(llama-cpp-python: the CPU engine people compare against), or remote: another "
+                     "server (vLLM, SGLang, llama.cpp's server, this app's /v1) reached over its OpenAI-compatible "
+                     "API.", "native is the optimized path; hf is the reference and runs architectures native does "
+                     "not; remote measures a server you run elsewhere on the same work, from this client."),
+    "remote_url": Entry("remote_url", "The base URL of an OpenAI-compatible server (e.g. http://127.0.0.1:8000/v1), "
+                        "used with backend=remote.", "its figures are measured at this client: network time is in "
+                        "them; a server's own /metrics are shown beside them where it has one."),
+    "remote_model": Entry("remote_model", "The model name that server serves (its /v1/models lists them). Prompts "
+                          "are encoded with the panel's model's tokenizer and sent as token ids (as text where the "
+                          "server takes no ids).", "pick the same model in the panel, so both sides of a comparison "
+                          "are given the same tokens."),
+    "remote_api_key_env": Entry("remote_api_key_env", "The environment variable (of this server) that holds the "
+                                "server's API key, sent as a Bearer token.", "the key itself is never shown, logged "
+                                "or stored in the configuration; on a public server only the variables its host "
+                                "names (PLAYGROUND_REMOTE_KEY_ENVS) may be used."),
     "device": Entry("device", "Where the model runs: CPU or a CUDA GPU (auto picks the GPU when there is one).",
                     "a GPU is much faster, and its memory is the budget."),
     "dtype": Entry("dtype", "Number format of weights and activations (float32, bfloat16, float16; auto = "
@@ -45,6 +59,11 @@ TOGGLES = {
                           "can drop a little (watch perplexity). On a CPU the engine's own native-int8 and "
                           "native-int4 decode faster than float32; the library levels are slower there. "
                           "sparse-2:4 prunes half the weights instead: faster only on a GPU's sparse kernels."),
+    "gguf_type": Entry("gguf_type", "With backend=llama.cpp, the GGUF weight file llama.cpp runs: f32 (converted by "
+                       "this project from the checkpoint), or f16, q8_0 (8-bit blocks of 32 with one scale) and q4_0 "
+                       "(4-bit blocks of 32) made from it by llama.cpp's own quantizer.", "llama.cpp is the CPU "
+                       "reference people compare against: native float32 against llama.cpp f32 and q8_0 is one "
+                       "Compare run; llama.cpp serves one sequence at a time (no continuous batching here)."),
     "attention": Entry("attention", "The attention kernel that reads the KV cache: the engine's C++ CPU kernel "
                        "(reads paged blocks in place), torch SDPA, textbook eager, or flash-attn on a GPU.",
                        "fused kernels read K/V once and skip padding; eager is the simple reference."),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine import EngineConfig, ModelEntry
+from engine import AddressPolicy, EngineConfig, ModelEntry
 from playground.shared.errors import Refused, describe_error
 from playground.shared.measurement_slot import MeasurementSlot
 from playground.shared.pool import EnginePool
@@ -49,6 +49,7 @@ class PlaygroundContext:
     presets: list[str]
     max_kv_cache_bytes: int | None = None  # the cap on one engine's KV cache (public mode)
     measurements: MeasurementSlot = field(default_factory=lambda: MeasurementSlot(max_waiting=8))  # one at a time
+    remote_policy: AddressPolicy = field(default_factory=AddressPolicy)  # which servers backend='remote' may call
     references: ReferencePerplexities = field(init=False)  # each model's float32 perplexity, measured once
 
     def __post_init__(self):
@@ -80,7 +81,24 @@ class PlaygroundContext:
                 raise Refused(refusal)
         if self.settings.public:
             enforce_caps(config, self.settings, self.max_kv_cache_bytes)
+        if config.backend == "remote":
+            self._check_remote(config)
         return config
+
+    def _check_remote(self, config: EngineConfig) -> None:
+        """A served model on a public server: its base URL on the host's allow-list, resolving to an address that
+        list allows, and its key's variable one the host names (the client checks the address again on every
+        call)."""
+        if not self.settings.public:
+            return
+        if not self.remote_policy.allowed:
+            raise Refused("models served elsewhere (backend=remote) are off on this public server: its host allows "
+                          "no base URL (PLAYGROUND_REMOTE_ALLOW)")
+        key = config.remote_api_key_env
+        if key and key not in self.settings.remote_key_envs:
+            raise Refused(f"remote_api_key_env={key!r} is not a variable this server sends as an API key "
+                          "(PLAYGROUND_REMOTE_KEY_ENVS)")
+        self.remote_policy.resolve(config.remote_url)
 
     def describe(self, error: BaseException) -> str:
         """`error` as one line a visitor may read (server paths hidden in public mode)."""

@@ -56,6 +56,10 @@ def _float_env(env: dict, name: str, default: float | None, zero_allowed: bool =
     return value
 
 
+def _comma_list(env: dict, name: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())
+
+
 def is_loopback(host: str) -> bool:
     """Whether a bind address only accepts connections from this machine."""
     host = (host or "").strip().strip("[]")
@@ -88,7 +92,10 @@ class Settings:
     API calls in flight hold `prompts x n x max_tokens` tokens each: at most `max_tokens_in_flight` over
     all clients and `max_client_tokens_in_flight` for one client (its address, or the last address of
     the `client_address_header` a proxy sets). An API call may ask for at most `max_top_logprobs` alternatives
-    per token. `warnings` are printed loudly when the server starts.
+    per token. A model served elsewhere (backend='remote') is off in public mode unless its base URL is on
+    `remote_allow_list` (PLAYGROUND_REMOTE_ALLOW; checked again on the resolved address of every request) and its
+    API key's variable, if any, on `remote_key_envs` (PLAYGROUND_REMOTE_KEY_ENVS): a visitor must not choose which
+    of this server's secrets is sent where. `warnings` are printed loudly when the server starts.
     """
 
     allowed_models: frozenset[str] | None = None
@@ -119,6 +126,8 @@ class Settings:
     max_client_tokens_in_flight: int = 10_240
     client_address_header: str | None = None
     max_top_logprobs: int = 20
+    remote_allow_list: tuple[str, ...] = ()
+    remote_key_envs: frozenset[str] = frozenset()
     public: bool = False
     on_space: bool = False
     warnings: tuple[str, ...] = ()
@@ -195,6 +204,8 @@ class Settings:
                                                  max(1, tokens_in_flight // 4)),
             client_address_header=header or None,
             max_top_logprobs=min(20, _int_env(env, "PLAYGROUND_MAX_TOP_LOGPROBS", 5 if public else 20, minimum=0)),
+            remote_allow_list=_comma_list(env, "PLAYGROUND_REMOTE_ALLOW"),
+            remote_key_envs=frozenset(_comma_list(env, "PLAYGROUND_REMOTE_KEY_ENVS")),
             public=public,
             on_space=on_space,
             warnings=tuple(warnings),

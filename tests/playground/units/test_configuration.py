@@ -30,6 +30,9 @@ SAMPLES = {
     "disaggregation": ("prefill-decode", "disaggregated P/D"), "seed": (7, "7"),
     "cuda_graphs": (False, "no CUDA graphs"),
     "cpu_kernels": (False, "no CPU kernels"),
+    "gguf_type": ("q8_0", "GGUF q8_0"),
+    "remote_url": ("http://10.1.2.3:8000/v1", "at 10.1.2.3:8000/v1"), "remote_model": ("served-name", "as served-name"),
+    "remote_api_key_env": ("SERVER_KEY", "key $SERVER_KEY"),
 }
 
 
