@@ -28,7 +28,8 @@ def llama_cpp_server(model: str = "demo", gguf_type: str = "f32", alias: str = "
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", alias,
                                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024", "--n_threads", "1",
-                                "--verbose", "False", "--interrupt_requests", "False"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                "--verbose", "False", "--interrupt_requests", "False"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + timeout
