@@ -32,6 +32,7 @@ def ttft_chart(session: Session) -> str:
     for number, exchange in enumerate(session.turns, start=1):
         figures = exchange.figures
         rows.append({"number": number, "config": exchange.config, "engine_ttft_ms": figures.get("engine_ttft_ms"),
+                     "measured_at": figures.get("measured_at"),
                      "first_text_ms": figures.get("first_text_ms"), "visible_ttft_ms": exchange.visible_ttft_ms,
                      "prompt_tokens": figures.get("prompt_tokens") or 0,
                      "cached_tokens": figures.get("cached_tokens") or 0})
@@ -78,7 +79,8 @@ class LiveCharts:
                                                       visible=session.config.speculative != "off")
         rss = psutil.Process().memory_info().rss
         return (ttft_chart(session), plots[live_charts.THROUGHPUT.name],
-                live_charts.memory_html(stats, rss, config_summary(session.config, info)),
+                live_charts.memory_html(stats, rss, config_summary(session.config, info),
+                                        info.device if info and info.backend == "remote" else None),
                 plots[live_charts.KV_BLOCKS.name], plots[live_charts.BATCH.name],
                 plots[live_charts.SPECULATIVE.name], self._features(session, engine, stats, info))
 

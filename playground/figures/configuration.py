@@ -104,8 +104,8 @@ def config_summary(config: EngineConfig, info: EngineInfo | None = None) -> str:
     """
     backend = info.backend if info else config.backend
     if backend == "remote":
-        return (f"{config_tag(config)} — served by {config.remote_url} as {config.remote_model}, figures measured "
-                f"at this client · prompts encoded with {model_label(config.model)}'s tokenizer")
+        return (f"{config_tag(config)} — an OpenAI-compatible server, figures measured at this client · prompts "
+                f"encoded with {model_label(config.model)}'s tokenizer")
     batching = config.batching
     if backend == "hf":
         batching = "generate_batch continuous" if batching == "continuous" else "generate static"

@@ -136,6 +136,15 @@ def disaggregation_rows(stats: EngineStats) -> list[str]:
     return rows
 
 
+def served_rows(stats: EngineStats, info: EngineInfo) -> list[str]:
+    """A served model (backend=remote): where it runs, and the server's own figures from its /metrics, each with the
+    series it came from (or that it publishes none)."""
+    rows = [_row("served by", info.device, "an OpenAI-compatible server: this client measures its replies' "
+                 "latencies; quality (perplexity) needs the whole next-token distribution, which it does not send")]
+    rows += [_row("server", note) for note in stats.notes]
+    return rows
+
+
 def features_html(config: EngineConfig | None, stats: EngineStats | None, info: EngineInfo | None,
                   perplexity: PerplexityResult | None, unquantized: int | None, status: str | None = None,
                   reference: PerplexityResult | None = None) -> str:
@@ -144,6 +153,8 @@ def features_html(config: EngineConfig | None, stats: EngineStats | None, info: 
     title = '<div class="hchart-title">Quality and optimizations · this engine</div>'
     if stats is None or stats.closed or info is None or config is None:
         return f'<div class="hchart" id="features-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
+    if info.backend == "remote":
+        return f'<div class="hchart" id="features-chart">{title}{"".join(served_rows(stats, info))}</div>'
     rows = [quality_row(perplexity, status, reference), weights_row(stats, info, unquantized)]
     if config.speculative != "off":
         rows += speculative_rows(stats)

@@ -251,7 +251,8 @@ def ttft_html(turns: list[dict]) -> str:
     for turn, wait in zip(rows, waits, strict=True):
         engine = turn.get("engine_ttft_ms")
         prompt = f"prompt {turn['prompt_tokens']} tok ({turn['cached_tokens']} cached)"
-        values = (f"{engine:.0f} ms engine" if engine is not None else "no token") + (
+        where = "client" if turn.get("measured_at") == "client" else "engine"  # a served model's TTFT is the client's
+        values = (f"{engine:.0f} ms {where}" if engine is not None else "no token") + (
             f" · {wait:.0f} ms to text" if wait else "")
         body.append(
             f'<div class="hrow" data-turn="{turn["number"]}">'
@@ -261,12 +262,17 @@ def ttft_html(turns: list[dict]) -> str:
     return f'<div class="hchart" id="ttft-chart">{head}{"".join(body)}</div>'
 
 
-def memory_html(stats: EngineStats | None, process_rss: int | None, config_label: str) -> str:
+def memory_html(stats: EngineStats | None, process_rss: int | None, config_label: str,
+                served_by: str | None = None) -> str:
     """This engine's memory on one linear scale (weights, KV allocated; KV in use as a share of the
-    allocation, so a few blocks stay visible), then the whole process's figures apart."""
+    allocation, so a few blocks stay visible), then the whole process's figures apart. A model `served_by` another
+    server keeps its memory there, out of this client's sight: said, not drawn as zeros."""
     title = '<div class="hchart-title">Memory · this engine</div>'
     if stats is None or stats.closed:
         return f'<div class="hchart" id="memory-chart">{title}<div class="hchart-empty">engine not loaded</div></div>'
+    if served_by:
+        return (f'<div class="hchart" id="memory-chart">{title}<div class="hchart-empty">the weights and KV cache are '
+                f'on the server at {html.escape(served_by)}: not visible from this client</div></div>')
     weights, allocated, used = stats.weights_bytes, stats.kv_cache_bytes, stats.kv_cache_used_bytes
     scale = max(weights, allocated, 1)
     share = used / allocated if allocated else 0.0
