@@ -173,8 +173,17 @@ def export_command(config: EngineConfig, target: str) -> ExportResult:
     elif c.backend == "llama.cpp":
         unmapped("backend", f"llama.cpp is this project's comparison engine; {spec.label} runs its own engine on the "
                             "checkpoint")
+    elif c.backend == "remote":
+        unmapped("backend", f"this configuration is already served elsewhere ({c.remote_url}); the command below "
+                            f"would start {spec.label} on the checkpoint named by model")
     else:
         default("backend", f"{spec.label}'s own engine takes the native engine's place")
+    for field in ("remote_url", "remote_model", "remote_api_key_env"):
+        if getattr(c, field):
+            unmapped(field, "where this playground reaches a served model: no launch flag (the served name would be "
+                            "--served-model-name)")
+        else:
+            default(field, "not served elsewhere")
     if c.gguf_type == "f32":
         default("gguf_type", "the llama.cpp backend's file type: no meaning without it")
     else:

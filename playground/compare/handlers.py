@@ -15,7 +15,7 @@ import gradio as gr
 
 from playground.compare.chat_both import ChatWithBoth
 from playground.compare.comparison import FIGURES, Comparisons
-from playground.compare.request import BASELINE, CompareRequest, ComparisonParser
+from playground.compare.request import BASELINE, CompareRequest, ComparisonParser, parse_baseline
 from playground.figures.configuration import check_html, config_summary
 from playground.figures.conversation_views import render_chat
 from playground.figures.run_charts import RUN_CHARTS, run_charts_html
@@ -75,8 +75,12 @@ class CompareHandlers:
             except Exception as error:  # any refusal of the engine or the playground, as one line
                 lines.append(_line("bad", self.context.describe(error)))
         base = ""
-        if baseline is True and "A" in configs:
-            base = _line("ok", "baseline: " + config_summary(self.parser.baseline_config(configs["A"])))
+        try:
+            kind = parse_baseline(baseline)
+            if kind and "A" in configs:
+                base = _line("ok", "baseline: " + config_summary(self.parser.baseline_config(configs["A"], kind)))
+        except Exception as error:  # the baseline's own refusal (e.g. llama.cpp not installed), as its line
+            base = _line("bad", f"baseline: {self.context.describe(error)}")
         return lines[0], lines[1], base
 
     def run(self, *values) -> Iterator[tuple]:

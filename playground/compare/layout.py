@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import gradio as gr
 
+from engine import unavailable_reason
 from playground.compare.handlers import CHAT_INPUTS, CHAT_OUTPUTS, INPUTS, RUN_OUTPUTS, SIDE_INPUTS, CompareHandlers
-from playground.compare.request import PANEL, STRUCTURED_SIDES
+from playground.compare.request import BASELINES, NO_BASELINE, PANEL, STRUCTURED_SIDES
 from playground.figures.run_charts import CHARTS_NOTE, RUN_CHARTS, run_charts_html
 from playground.shared.context import PlaygroundContext
 from playground.shared.structured_output import CHOICES, OFF
@@ -28,6 +29,12 @@ TOOLTIPS = {"cmp-a-source": "compare_side", "cmp-b-source": "compare_side", "cmp
             "cmp-repeats": "compare_repeats", "cmp-baseline": "compare_baseline",
             "cmp-perplexity": "compare_perplexity", "cmp-chat": "chat_both", "cmp-structured": "structured_output",
             "cmp-structured-spec": "structured_spec", "cmp-structured-sides": "compare_structured_sides"}
+
+
+def baseline_choices() -> list[str]:
+    """The baselines this host can run (llama.cpp's only where llama-cpp-python is installed)."""
+    return [NO_BASELINE, *(name for name, fields in BASELINES.items()
+                           if not unavailable_reason("backend", fields["backend"]))]
 
 
 def build_compare_tab(context: PlaygroundContext, ui: dict) -> None:
@@ -66,7 +73,9 @@ def build_compare_tab(context: PlaygroundContext, ui: dict) -> None:
         ui["cmp_structured_sides"] = gr.Radio(list(STRUCTURED_SIDES), value=STRUCTURED_SIDES[0], label="for", scale=1,
                                               elem_id="cmp-structured-sides")
     with gr.Row(elem_id="cmp-actions"):
-        ui["cmp_baseline"] = gr.Checkbox(False, label="+ transformers baseline", elem_id="cmp-baseline")
+        ui["cmp_baseline"] = gr.Dropdown(baseline_choices(), value=NO_BASELINE, label="+ baseline",
+                                         info="a reference engine on A's model, every other field at its default",
+                                         elem_id="cmp-baseline")
         ui["cmp_perplexity"] = gr.Checkbox(False, label="measure perplexity", elem_id="cmp-perplexity")
         ui["cmp_run"] = gr.Button("Run comparison", variant="primary", elem_id="cmp-run")
         ui["cmp_stop"] = gr.Button("Stop", variant="stop", elem_id="cmp-stop")

@@ -22,6 +22,12 @@ from playground.shared.values import parse_int
 
 PANEL = "engine panel"
 BASELINE = "baseline"
+# The baselines a comparison can add beside A: the engines people measure against (A's model with every other field
+# at its default), by name; `/compare` also takes true (transformers) and false (none).
+NO_BASELINE = "none"
+BASELINES = {"transformers": {"backend": "hf"}, "llama.cpp f32": {"backend": "llama.cpp", "gguf_type": "f32"},
+             "llama.cpp q8_0": {"backend": "llama.cpp", "gguf_type": "q8_0"},
+             "llama.cpp q4_0": {"backend": "llama.cpp", "gguf_type": "q4_0"}}
 MAX_COMPARE_PROMPTS = 8
 MAX_COMPARE_REPEATS = 5
 MAX_CHANGES_CHARS = 2000
@@ -69,6 +75,18 @@ def parse_changes(text) -> dict:
         raise Refused(str(error)) from None
 
 
+def parse_baseline(value) -> str | None:
+    """The baseline asked for: a `BASELINES` name, true (transformers), or none (false, "none")."""
+    if value is True or value is False:
+        return "transformers" if value else None
+    if value == NO_BASELINE:
+        return None
+    if value not in BASELINES:
+        raise Refused(f"baseline must be one of {NO_BASELINE}, {', '.join(BASELINES)} (or true / false), got "
+                      f"{str(value)[:40]!r}")
+    return value
+
+
 def parse_prompts(text, max_chars: int) -> tuple[str, ...]:
     if not isinstance(text, str):
         raise Refused("the prompts must be text, one prompt per line")
@@ -100,10 +118,13 @@ class ComparisonParser:
         base = panel if source == PANEL else preset_config(source, panel["model"], self.context.presets)
         return self._validated({**base, **parse_changes(changes)})
 
-    def baseline_config(self, config: EngineConfig) -> EngineConfig:
-        """Plain transformers serving the same model in the same precision, every other field at its default."""
-        return self._validated({**default_config(config.model), "backend": "hf", "device": config.device,
-                                "dtype": config.dtype})
+    def baseline_config(self, config: EngineConfig, baseline: str = "transformers") -> EngineConfig:
+        """A `BASELINES` engine serving the same model, every other field at its default: plain transformers in the
+        same precision, or llama.cpp on the CPU with one of its GGUF types."""
+        fields = {**default_config(config.model), **BASELINES[baseline]}
+        if baseline == "transformers":
+            fields.update(device=config.device, dtype=config.dtype)
+        return self._validated(fields)
 
     def _validated(self, fields: dict) -> EngineConfig:
         try:
@@ -115,20 +136,19 @@ class ComparisonParser:
               structured_spec="", structured_sides="B") -> tuple[Side, ...]:
         """The sides asked for, B (or A and B) with the structured output asked for; the baseline, which has no
         grammar, goes with an A that has none."""
-        if not isinstance(baseline, bool):
-            raise Refused("baseline must be true or false")
+        baseline = parse_baseline(baseline)
         if structured_sides not in STRUCTURED_SIDES:
             raise Refused(f"structured output goes to {' or '.join(STRUCTURED_SIDES)}, not "
                           f"{str(structured_sides)[:40]!r}")
         guided = parse_structured_output(structured, structured_spec, self.context.settings.max_message_chars)
         a_guided = guided if structured_sides == "A and B" else None
         if baseline and a_guided is not None:
-            raise Refused("the transformers baseline cannot decode under a grammar: send structured output to B "
+            raise Refused(f"the {baseline} baseline cannot decode under a grammar: send structured output to B "
                           "alone, or leave the baseline out")
         a = Side("A", self.side_config(a_source, a_changes, panel), a_guided)
         sides = [a, Side("B", self.side_config(b_source, b_changes, panel), guided)]
         if baseline:
-            sides.append(Side(BASELINE, self.baseline_config(a.config), a_guided))
+            sides.append(Side(BASELINE, self.baseline_config(a.config, baseline), a_guided))
         return tuple(sides)
 
     def parse(self, a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k, seed,

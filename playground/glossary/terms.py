@@ -185,9 +185,12 @@ TOGGLES = {
     "compare_structured_sides": Entry("structured output for", "Which sides send the structured output: B alone (A "
                                       "answers the same messages without the grammar, beside it), or A and B (two "
                                       "configurations under the same grammar; the baseline follows A).", ""),
-    "compare_baseline": Entry("transformers baseline", "Adds a third column: the same model served by plain "
-                              "transformers (backend=hf, defaults otherwise).", "shows what the engine's "
-                              "optimizations buy over the reference; one more engine to load."),
+    "compare_baseline": Entry("baseline", "Adds a third column: A's model served by a reference engine, every other "
+                              "field at its default: plain transformers (backend=hf) in A's precision, or llama.cpp "
+                              "in this process with one of its GGUF types (backend=llama.cpp).", "shows what the "
+                              "engine's optimizations buy over the references people use; with B = the "
+                              "llama-cpp-q8_0 preset and baseline llama.cpp f32, native float32 against llama.cpp "
+                              "f32 and q8_0 is one run. One more engine to load."),
     "compare_perplexity": Entry("measure perplexity", "Also scores each side on the demo model's held-out text "
                                 "(once per loaded engine, then cached).", "shows whether an optimization costs "
                                 "quality; the first measurement takes a few seconds per engine."),

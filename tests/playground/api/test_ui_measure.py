@@ -20,6 +20,7 @@ from playground.engine_panel.form import read_form
 from playground.figures.configuration import config_tag
 from playground.shared.settings import Settings
 from tests.support.engine_waits import wait_until_idle
+from tests.support.llama_cpp_marks import needs_llama_cpp
 from tests.support.ui_helpers import api_client, serving
 
 pytestmark = pytest.mark.slow
@@ -93,6 +94,22 @@ def test_compare_times_each_side_alone_alternates_the_order_and_gives_consistent
     # greedy speculative decoding and the transformers baseline are exact: the same tokens as A
     assert outputs(outcome, "B") == outputs(outcome, "A") == outputs(outcome, "baseline")
     assert all(d["B"]["identical"] and d["baseline"]["identical"] for d in outcome["differences"])
+
+
+@needs_llama_cpp
+def test_native_float32_against_llama_cpp_f32_and_q8_0_is_one_run(running_app):
+    """B the llama-cpp-q8_0 preset, the llama.cpp f32 baseline: three engines on the same prompts in one comparison;
+    llama.cpp's float32 GGUF gives the native float32 engine's greedy tokens, its q8_0 file is a fraction of the
+    bytes."""
+    outcome = compare(client(running_app), b_source="llama-cpp-q8_0", baseline="llama.cpp f32")
+    sides = outcome["sides"]
+    assert outcome["labels"] == ["A", "B", "baseline"] and not outcome["cancelled"]
+    assert sides["A"]["config"]["backend"] == "native"
+    assert (sides["B"]["config"]["backend"], sides["B"]["config"]["gguf_type"]) == ("llama.cpp", "q8_0")
+    assert (sides["baseline"]["config"]["backend"], sides["baseline"]["config"]["gguf_type"]) == ("llama.cpp", "f32")
+    assert outputs(outcome, "baseline") == outputs(outcome, "A")
+    assert 0 < outcome["ratios"]["B"]["weights_bytes"] < 0.5 < outcome["ratios"]["baseline"]["weights_bytes"]
+    assert all(sides[label]["figures"]["mean_tpot_ms"] > 0 for label in outcome["labels"])
 
 
 def test_compare_changes_reach_each_side(running_app):

@@ -16,6 +16,7 @@ from tests.playground.browser.actions import (
     fill_text,
     open_page,
     open_tab,
+    pick,
     tall_screenshot,
 )
 
@@ -34,7 +35,7 @@ def test_compare_shows_both_outputs_their_differences_the_ratio_table_and_overla
     page.click('[role=option][aria-label="engine panel"]')
     fill_text(page, "#cmp-b-changes", "gqa=4")
     page.wait_for_function("document.querySelector('#cmp-b-resolved').innerText.includes('GQA 4')", timeout=10_000)
-    page.locator("#cmp-baseline input").check()
+    pick(page, "#cmp-baseline", "transformers")
     page.locator("#cmp-perplexity input").check()
     page.locator("#cmp-run").click()
     page.wait_for_selector("#cmp-status .run-progress", timeout=30_000)
