@@ -81,7 +81,7 @@ def parse_baseline(value) -> str | None:
         return "transformers" if value else None
     if value == NO_BASELINE:
         return None
-    if value not in BASELINES:
+    if not isinstance(value, str) or value not in BASELINES:
         raise Refused(f"baseline must be one of {NO_BASELINE}, {', '.join(BASELINES)} (or true / false), got "
                       f"{str(value)[:40]!r}")
     return value
