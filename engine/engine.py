@@ -46,7 +46,7 @@ from engine.core.perplexity import (
     token_stream,
     token_windows,
 )
-from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta
+from engine.core.request import Request, RequestHandle, RequestOutput, StreamDelta, stream_of
 from engine.core.threads import run_on_passing_thread, start_helper_thread
 from engine.errors import ModelLoadError, RequestError
 from engine.guided.grammars import CompiledGrammar, GrammarCompiler
@@ -281,12 +281,7 @@ class Engine:
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as they are produced; closing the generator early cancels the request."""
-        handle = self.submit(prompt, params)
-        try:
-            yield from handle
-        finally:
-            if not handle.done:
-                handle.cancel()
+        return stream_of(lambda: self.submit(prompt, params))
 
     def stats(self) -> EngineStats:
         """Engine-level figures (docs/metrics.md); after `close()`, zeros with `closed` set."""

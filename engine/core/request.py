@@ -215,3 +215,15 @@ class RequestHandle:
         last = self._last
         return RequestOutput(self.request_id, self.prompt_token_ids, "".join(self._text), self._token_ids,
                              last.finish_reason, last.metrics, last.error, self._logprobs)
+
+
+def stream_of(submit: Callable[[], RequestHandle]) -> Iterator[StreamDelta]:
+    """The deltas of the request `submit()` sends once the stream is first read (so a refusal at submission raises
+    there); closing the stream before the request finished cancels it. Every engine's `stream` (in-process, served
+    elsewhere) is this over its own `submit`."""
+    handle = submit()
+    try:
+        yield from handle
+    finally:
+        if not handle.done:
+            handle.cancel()

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator
 from urllib.parse import quote
 
-from engine.core.request import StreamDelta
+from engine.core.request import StreamDelta, stream_of
 from engine.errors import RemoteError, RequestError
 from engine.remote.client import RemoteClient
 from engine.remote.policy import AddressPolicy
@@ -60,12 +60,7 @@ class RemoteEngine:
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield deltas as they arrive; closing the generator early closes the stream."""
-        handle = self.submit(prompt, params)
-        try:
-            yield from handle
-        finally:
-            if not handle.done:
-                handle.cancel()
+        return stream_of(lambda: self.submit(prompt, params))
 
     def describe(self) -> dict:
         """{"model", "models" (the ids /models lists), "config", "engine"}: the last two from this project's own

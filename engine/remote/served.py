@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from engine.config import EngineConfig
 from engine.core.metrics import RequestMetrics, describe_device
-from engine.core.request import RequestOutput, StreamDelta
+from engine.core.request import RequestOutput, StreamDelta, stream_of
 from engine.errors import ModelLoadError, RemoteError, RequestError
 from engine.hub import load_tokenizer
 from engine.info import EngineInfo, EngineStats, StepRecord
@@ -123,12 +123,7 @@ class ServedModel:
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[StreamDelta]:
         """Yield text deltas as they arrive; closing the generator early cancels the request."""
-        handle = self.submit(prompt, params)
-        try:
-            yield from handle
-        finally:
-            if not handle.done:
-                handle.cancel()
+        return stream_of(lambda: self.submit(prompt, params))
 
     def check_guided(self, guided: GuidedDecoding) -> None:
         raise RequestError(NOT_FROM_A_SERVER.format(what="guided decoding (structured output)"))

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engine.gguf.files import ensure_gguf
 from engine.hub import load_hf_config, resolve_model_path
-from tests.support.ui_helpers import free_port
+from tests.support.ui_helpers import free_port, wait_until_serving
 
 
 @contextmanager
@@ -32,16 +30,8 @@ def llama_cpp_server(model: str = "demo", gguf_type: str = "f32", alias: str = "
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/models", timeout=2) as response:
-                    assert alias in [m["id"] for m in json.loads(response.read())["data"]]
-                break
-            except OSError:
-                assert process.poll() is None, "llama_cpp.server exited"
-                assert time.monotonic() < deadline, "llama_cpp.server did not serve in time"
-                time.sleep(0.3)
+        listed = json.loads(wait_until_serving(f"{base}/models", process, "llama_cpp.server", timeout))
+        assert alias in [model["id"] for model in listed["data"]]
         yield base
     finally:
         process.terminate()

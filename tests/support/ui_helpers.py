@@ -62,6 +62,22 @@ def api_client(url: str):
     return Client(url, verbose=False)
 
 
+def wait_until_serving(url: str, process, what: str, timeout: float) -> bytes:
+    """The body of `url` once the server `process` (a Popen) answers it; fails if it exits or `timeout` passes."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.read()
+        except OSError:
+            assert process.poll() is None, f"{what} exited"
+            assert time.monotonic() < deadline, f"{what} did not serve in time"
+            time.sleep(0.3)
+
+
 @contextmanager
 def app_process(env: dict | None = None, timeout: float = 120.0) -> Iterator[str]:
     """`python app.py` in a second process on a free port of 127.0.0.1, as its base URL once it serves the page;
@@ -69,8 +85,6 @@ def app_process(env: dict | None = None, timeout: float = 120.0) -> Iterator[str
     import os
     import subprocess
     import sys
-    import time
-    import urllib.request
 
     port = free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port),
@@ -79,15 +93,7 @@ def app_process(env: dict | None = None, timeout: float = 120.0) -> Iterator[str
                                stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/", timeout=2):
-                    break
-            except OSError:
-                assert process.poll() is None, "app.py exited"
-                assert time.monotonic() < deadline, "app.py did not serve in time"
-                time.sleep(0.5)
+        wait_until_serving(f"{url}/", process, "app.py", timeout)
         yield url
     finally:
         process.terminate()

@@ -1,26 +1,41 @@
-"""A model served elsewhere, as a person reaches it in the browser: the panel's "Served elsewhere" group names this
-app's own /v1 running in a second process, Apply loads it, and the chat streams its reply with the figures labelled as
-this client's. The screenshot (assets/screenshots/served-elsewhere.png when PLAYGROUND_SCREENSHOT_DIR is set) shows
-the panel and the reply."""
+"""A model served elsewhere, as a person reaches it in the browser: the panel's "Served elsewhere" group names a
+server in a second process (llama.cpp's own server, then this app's /v1), Apply loads it, and the chat streams its
+reply with the figures labelled as this client's. The screenshot of this app's /v1
+(assets/screenshots/served-elsewhere.png when PLAYGROUND_SCREENSHOT_DIR is set) shows the panel and the reply."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine.host import llama_cpp_available
 from tests.playground.browser.actions import BROWSER_MARKS, MARK_STATUS, send, wait_applied
+from tests.support.llama_cpp_server import llama_cpp_server
 from tests.support.ui_helpers import app_process
 
 pytestmark = BROWSER_MARKS
 
 
-@pytest.fixture(scope="module")
-def second_app():
-    with app_process() as url:
-        yield f"{url}/v1"
+LLAMA_CPP, THIS_APP = "llama.cpp's server", "this app's /v1"
 
 
-def test_the_chat_streams_from_a_model_served_by_another_server(served, page, shots, second_app):
+@pytest.fixture(scope="module", params=[LLAMA_CPP, THIS_APP])
+def server(request) -> tuple[str, str]:
+    """(which, its /v1 base URL): a server in a second process serving the demo model as "demo"."""
+    if request.param == LLAMA_CPP:
+        if not llama_cpp_available():
+            pytest.skip("llama-cpp-python is not installed (`make test` installs it)")
+        with llama_cpp_server() as base:
+            yield LLAMA_CPP, base
+    else:
+        with app_process() as url:
+            yield THIS_APP, f"{url}/v1"
+
+
+def test_the_chat_streams_from_a_model_served_by_another_server(served, page, shots, server):
     app, _ = served
+    which, second_app = server
+    page.reload()
+    page.wait_for_selector("#chat", timeout=30_000)
     page.get_by_text("Served elsewhere (backend=remote)").click()
     page.locator("#ctl-backend label", has_text="remote").click()
     # typed key by key, as a person does: the check line follows each keystroke
@@ -37,8 +52,9 @@ def test_the_chat_streams_from_a_model_served_by_another_server(served, page, sh
     assert "client TTFT" in figures and "engine TTFT" not in figures
     assert "ms client" in page.inner_text("#chart-ttft")
     page.wait_for_function("document.querySelector('#features-chart').innerText.includes('publishes no Prometheus')",
-                           timeout=10_000)  # this app's /v1 has no /metrics page, and the panel says so
+                           timeout=10_000)  # neither server has a /metrics page, and the panel says so
     assert "not visible from this client" in page.inner_text("#memory-chart")
     assert any(entry.key.backend == "remote" and entry.key.remote_url == second_app
                for entry in app.pool.entries())
-    page.screenshot(path=str(shots / "served-elsewhere.png"))
+    if which == THIS_APP:
+        page.screenshot(path=str(shots / "served-elsewhere.png"))
