@@ -52,7 +52,7 @@ from engine.remote import RemoteEngine, RemoteTarget, RemoteTimeouts
 from engine.sampling_params import SamplingParams
 from engine.tools.export import TARGETS as EXPORT_TARGETS
 from engine.tools.export import export_command, format_export
-from engine.tools.measure import bench_report, measure_engine, send
+from engine.tools.measure import bench_report, measure_engine, send, served_figures
 from engine.tools.roofline import ceilings_cache_path, device_ceilings
 from engine.tools.surge import SURGE_RATIO_KEYS, SURGE_TABLE_KEYS, headline, reference_figures
 from engine.tools.workloads import SurgeSpec, WorkloadSpec, build_workload, resolve_dataset, warmup_workload
@@ -206,7 +206,6 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
         outputs, duration = send(remote, requests, concurrency, temperature, ignore_eos, spec.seed)
     errors = [o.error for o in outputs if o.finish_reason == "error"]
     metrics = [o.metrics for o in outputs]
-    ignored = {name: seen for o in outputs for name, seen in o.ignored.items()}  # one example of each
     result = summarize(metrics, duration, goodput_slos)
     prompt_tokens = sum(m.prompt_tokens for m in metrics)
     result.update({
@@ -215,8 +214,7 @@ def run_endpoint(base_url: str, model: str, spec: WorkloadSpec, concurrency: int
         "endpoint": base_url, "model": model, "backend": engine.get("backend"), "attention": engine.get("attention"),
         "dtype": engine.get("dtype"), "device": engine.get("device"), "config": served.get("config") or {},
         "decode_profile_text": None,  # a server's decode steps cannot be profiled from here
-        "ignored_parameters": ignored,
-        "fixed_length": ignore_eos and "ignore_eos" not in ignored,
+        **served_figures(outputs, ignore_eos),
     })
     return result
 

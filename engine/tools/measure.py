@@ -175,6 +175,14 @@ def _step_time_split(before: EngineStats, after: EngineStats) -> dict:
             "collective_share": collective / executor if executor else 0.0}
 
 
+def served_figures(outputs: list, ignore_eos: bool) -> dict:
+    """What a server was seen not to honour over a run's outputs (a served model's outputs carry `ignored`; an
+    in-process engine's honour everything), one example of each, and whether a fixed-length workload stayed
+    fixed-length (a server that ignores `ignore_eos` stops at end-of-sequence)."""
+    ignored = {name: seen for output in outputs for name, seen in getattr(output, "ignored", {}).items()}
+    return {"ignored_parameters": ignored, "fixed_length": ignore_eos and "ignore_eos" not in ignored}
+
+
 def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: float, ignore_eos: bool,
                    warmup: bool = True, perplexity: bool = False, profile: bool = False, *,
                    requests: list[BenchRequest] | None = None, top_p: float = 1.0, top_k: int = 0,
@@ -246,6 +254,7 @@ def measure_engine(engine, spec: WorkloadSpec, concurrency: int, temperature: fl
         "config": resolved,
         "quantization": info.quantization, "num_kv_heads": info.num_kv_heads,
         "kv_bytes_per_token": info.kv_bytes_per_token,
+        **served_figures(finished, ignore_eos),
         **placed,
     })
     if any(request.label == SURGE for request in requests):

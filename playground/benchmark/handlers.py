@@ -76,6 +76,8 @@ class BenchmarkHandlers:
                        "(another seed gives cold prompts)")
         if report["errors"]:
             status += f" · {report['errors']} request(s) failed, e.g. {report['first_error']}"
+        for parameter, seen in report["ignored_parameters"].items():  # a served model's server, seen from here
+            status += f" · the server did not honour {parameter}: {seen}"
         as_json, as_csv = self.runs.export_files(session, record)
         shown = [*earlier, record]
         yield pack(RUN_OUTPUTS, {

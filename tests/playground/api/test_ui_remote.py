@@ -75,10 +75,17 @@ def test_compare_sets_the_local_engine_against_the_served_model_on_the_same_prom
     assert sides["B"]["outputs"][0] == sides["A"]["outputs"][0]
 
 
-def test_the_benchmark_measures_the_served_model_with_the_same_workload(running_app, server):
+def test_the_benchmark_measures_the_served_model_with_the_same_workload(running_app, server, request):
     api = api_client(running_app.url)
     apply(api, running_app.app, **remote_fields(server))
     report, report_file, runs_csv = api.predict("random", None, 4, 2, 0, "16", "4", 0, True, 0, 0, 0, "",
                                                 api_name="/benchmark")
     assert report["backend"] == "remote" and report["errors"] == 0, report.get("first_error")
     assert report["completed"] == 4 and report["mean_ttft_ms"] > 0 and report_file and runs_csv
+    # llama.cpp's server takes no ignore_eos (its replies may stop at end-of-sequence) and streams no usage;
+    # this app's /v1 honours both: either way the report says what was seen
+    assert report["fixed_length"] == ("ignore_eos" not in report["ignored_parameters"])
+    if request.node.callspec.params["server"] == LLAMA_CPP:
+        assert "stream_options.include_usage" in report["ignored_parameters"]
+    else:
+        assert report["ignored_parameters"] == {} and report["fixed_length"]
