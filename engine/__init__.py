@@ -33,6 +33,7 @@ from engine.tools.export import ExportResult, export_command, format_export
 from engine.tools.hardware_projection import HardwareProjection
 from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
+from engine.tools.self_check import SelfCheck, self_check
 from engine.tools.what_if import project_hardware
 from engine.tools.workloads import BenchRequest, SurgeSpec, WorkloadSpec, build_workload, resolve_dataset
 
@@ -43,10 +44,10 @@ __all__ = ["AddressPolicy", "AllowedBase", "BenchRequest", "CHOICES", "ConfigErr
            "EngineStats", "ExportResult", "GOODPUT_METRICS", "GUIDED_KINDS", "GuidedDecoding", "HardwareProjection",
            "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult",
            "PhasePoint", "RemoteEngine", "RemoteError", "RemoteOutput", "RemoteTarget", "RemoteTimeouts",
-           "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "StepRecord",
-           "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload",
+           "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "SelfCheck",
+           "StepRecord", "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload",
            "check_goodput_slos", "choice_note", "describe_device", "device_ceilings", "engine_roofline",
            "estimate_memory", "export_command", "format_export", "hub_repo", "import_serving_modules", "list_models",
            "list_presets", "load_preset", "measure_engine", "open_engine", "parse_sets", "plan_engine",
-           "preset_description", "project_hardware", "resolve_dataset", "resolve_model_path",
+           "preset_description", "project_hardware", "resolve_dataset", "resolve_model_path", "self_check",
            "tensor_parallel_reason", "unavailable_reason"]

@@ -246,13 +246,10 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
     if budget < one_sequence:
         raise ConfigError(f"kv_cache_bytes={budget} cannot hold one sequence of max_model_len={max_model_len} "
                           f"tokens (needs {one_sequence} bytes); raise it or lower max_model_len")
-    graphs = config.cuda_graphs and device == "cuda" and attention == "flash-attn"
-    if graphs and config.pipeline_parallel_size > 1:
-        graphs = False
-        notices.append("CUDA graphs are off under pipeline parallelism (a stage runs part of the layers)")
-    if graphs and size > 1:
-        graphs = False
-        notices.append("CUDA graphs are off under tensor parallelism (not captured with collectives inside)")
+    graphs_off = cuda_graphs_off(config, device, attention)
+    graphs = graphs_off is None
+    if config.cuda_graphs and device == "cuda" and attention == "flash-attn" and graphs_off:
+        notices.append(f"CUDA graphs are {graphs_off}")
     return EnginePlan(
         config=config.replace(max_model_len=max_model_len), path=path, hf_config=hf_config,
         architecture=architecture, device=device, dtype=dtype, kv_dtype=kv_dtype, attention=attention,
@@ -260,6 +257,23 @@ def _plan_native(config: EngineConfig, path: Path, hf_config, architecture: str,
         num_kv_blocks=budget // block_bytes, kv_block_bytes=block_bytes,
         kv_bytes_per_token=kv_block_bytes(spec, 1, kv_dtype, size), num_kv_heads=spec.num_kv_heads,
         vocab_size=spec.vocab_size, spec=spec, draft=draft, notices=tuple(notices))
+
+
+def cuda_graphs_off(config: EngineConfig, device: str, attention: str) -> str | None:
+    """Why the native engine does not capture its decode steps as CUDA graphs with this configuration on `device`
+    with `attention` resolved (None: it does). Graphs are captured around the flash-attn decode path only."""
+    if device != "cuda":
+        return "off: no GPU"
+    if not config.cuda_graphs:
+        return "off: cuda_graphs=False"
+    if attention != "flash-attn":
+        why = "" if flash_attn_available() else "; flash-attn is not installed"
+        return f"off: captured on the flash-attn decode path only (attention is {attention}{why})"
+    if config.pipeline_parallel_size > 1:
+        return "off under pipeline parallelism (a stage runs part of the layers)"
+    if config.tensor_parallel_size > 1:
+        return "off under tensor parallelism (not captured with collectives inside)"
+    return None
 
 
 def _check_pipeline(config: EngineConfig, spec: ModelSpec) -> None:

@@ -31,6 +31,7 @@ from engine import (
     list_models,
     list_presets,
     open_engine,
+    self_check,
 )
 from playground.api.http_limits import BodyLimits, bounded_protocol
 from playground.api.openai import openai_routes
@@ -152,13 +153,16 @@ def create_playground(settings: Settings | None = None, default_model: str | Non
 
 
 def warm_up(context: PlaygroundContext) -> threading.Thread:
-    """Load the default engine in the background so the first visitor does not wait for it."""
+    """Load the default engine in the background so the first visitor does not wait for it, and check it: what it
+    runs on and one short reply (`engine.self_check`), which the header then shows."""
 
     def load() -> None:
         try:
-            with context.pool.lease(context.default_config):
-                pass
+            with context.pool.lease(context.default_config) as entry:
+                context.startup.line = self_check(entry.engine).line()
+            print(f"[playground] {context.startup.line}")
         except Exception as error:  # the page shows the same error when a chat asks for it
+            context.startup.line = f"start-up check failed: {context.describe(error)}"
             print(f"[playground] default engine failed to load: {error}")
 
     thread = threading.Thread(target=load, name="playground-warm-up", daemon=True)

@@ -251,7 +251,7 @@ class PanelHandlers:
         with self.context.pool.lease_if_loaded(session.config) as entry:
             info = entry.engine.info if entry else None
             load_seconds = entry.load_seconds if entry else None
-        return header_html(self.context.device, session.config, info, load_seconds)
+        return header_html(self.context.device, session.config, info, load_seconds, self.context.startup.line)
 
     def pool_summary(self, session: Session) -> str:
         """The engine pool, then how to run this session's configuration on vLLM / SGLang (closed until opened)."""

@@ -118,9 +118,10 @@ def config_summary(config: EngineConfig, info: EngineInfo | None = None) -> str:
     return f"{config_tag(config)} — {' · '.join(str(p) for p in parts)}"
 
 
-def header_html(device: str, config: EngineConfig, info: EngineInfo | None, load_seconds: float | None) -> str:
+def header_html(device: str, config: EngineConfig, info: EngineInfo | None, load_seconds: float | None,
+                startup: str | None = None) -> str:
     """The one-line header: device on the left, the active configuration on the right (with what `auto`
-    resolved to once its engine is loaded)."""
+    resolved to once its engine is loaded); under them the server's start-up self-check (`startup`), once it ran."""
     active = html.escape(config_summary(config, info))
     if info and info.num_params:  # a served model's parameters are the server's, unknown here
         active += f' <span class="hdr-muted">· {info.num_params / 1e6:.1f}M params</span>'
@@ -128,9 +129,10 @@ def header_html(device: str, config: EngineConfig, info: EngineInfo | None, load
         active += f' <span class="hdr-muted">· loaded {load_seconds:.1f} s</span>'
     elif info is None:
         active += ' <span class="hdr-muted">· not loaded yet</span>'
+    check = f'<span class="hdr-check">{html.escape(startup)}</span>' if startup else ""
     return (f'<div class="hdr"><span class="hdr-title">Inference Playground</span>'
             f'<span class="hdr-device">{html.escape(device)}</span>'
-            f'<span class="hdr-config">{active}</span></div>')
+            f'<span class="hdr-config">{active}</span>{check}</div>')
 
 
 def check_html(kind: str, text: str, plan: str = "") -> str:

@@ -37,6 +37,14 @@ def enforce_caps(config: EngineConfig, settings: Settings, max_kv_cache_bytes: i
                       f"{max_kv_cache_bytes / MIB:,.0f} MiB (PLAYGROUND_MAX_KV_CACHE_MIB)")
 
 
+@dataclass
+class StartupCheck:
+    """The server's start-up self-check of its default engine (`engine.self_check`), as the header shows it: None
+    until it has run."""
+
+    line: str | None = None
+
+
 @dataclass(frozen=True)
 class PlaygroundContext:
     """The engine pool, the hosting limits and the catalogue every tab works with."""
@@ -50,6 +58,7 @@ class PlaygroundContext:
     max_kv_cache_bytes: int | None = None  # the cap on one engine's KV cache (public mode)
     measurements: MeasurementSlot = field(default_factory=lambda: MeasurementSlot(max_waiting=8))  # one at a time
     remote_policy: AddressPolicy = field(default_factory=AddressPolicy)  # which servers backend='remote' may call
+    startup: StartupCheck = field(default_factory=StartupCheck)
     references: ReferencePerplexities = field(init=False)  # each model's float32 perplexity, measured once
 
     def __post_init__(self):

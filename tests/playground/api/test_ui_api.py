@@ -15,7 +15,7 @@ import urllib.request
 import gradio as gr
 import pytest
 
-from playground.app import create_playground
+from playground.app import create_playground, warm_up
 from playground.chat.handlers import CHAT_OUTPUTS
 from playground.engine_panel.form import FORM_FIELDS, config_to_form
 from playground.engine_panel.handlers import PanelHandlers
@@ -340,3 +340,11 @@ def test_python_app_py_serves_the_page_and_the_openai_routes():
         with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as response:
             models = json.loads(response.read())
         assert models["object"] == "list" and models["data"][0]["object"] == "model"
+
+
+def test_the_start_up_check_runs_on_the_default_engine_and_the_header_shows_it(running_app):
+    app = running_app.app
+    warm_up(app).join(timeout=120)
+    assert app.startup.line.startswith("checked at start-up:") and "check reply in" in app.startup.line
+    header = PanelHandlers(app).header(app.new_session())
+    assert "hdr-check" in header and "CUDA graphs off: no GPU" in header
