@@ -160,7 +160,6 @@ def warm_up(context: PlaygroundContext) -> threading.Thread:
         try:
             with context.pool.lease(context.default_config) as entry:
                 context.startup.line = self_check(entry.engine).line()
-            print(f"[playground] {context.startup.line}", file=sys.stderr, flush=True)  # the server's log
         except Exception as error:  # the page shows the same error when a chat asks for it
             context.startup.line = f"start-up check failed: {context.describe(error)}"
             print(f"[playground] default engine failed to load: {error}")
