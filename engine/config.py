@@ -37,12 +37,6 @@ CHOICES: dict[str, list[str]] = {
 MAX_SPECULATIVE_TOKENS = 16
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the versions requirements-test.txt pins
 GGUF_VERSION = "0.19.0"
-# Knobs of the local engine that a served model (backend='remote') leaves to its server.
-REMOTE_SERVER_SIDE = ("device", "dtype", "quantization", "gguf_type", "attention", "kv_layout", "block_size",
-                      "prefix_caching", "kv_cache_bytes", "kv_memory_fraction", "kv_cache_dtype", "batching",
-                      "max_num_seqs", "max_num_batched_tokens", "speculative", "draft_model", "num_speculative_tokens",
-                      "gqa", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_micro_batches",
-                      "pipeline_schedule", "disaggregation", "cuda_graphs", "cpu_kernels")
 KV_CACHE_NOTES = {
     "bfloat16": "half the bytes of float32 per token; the CPU kernel widens it to float32 as it reads",
     "int8": "int8 values and a float32 scale per token and head (68 bytes per 64 values): 3.8x the tokens of "

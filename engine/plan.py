@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.config import REMOTE_SERVER_SIDE, EngineConfig, tensor_parallel_reason
+from engine.config import EngineConfig, tensor_parallel_reason
 from engine.errors import ConfigError, ModelLoadError
 from engine.gguf.convert import unconvertible_reason
 from engine.gguf.files import gguf_path
@@ -47,6 +47,12 @@ HF_MIN_PAGE_SIZE = 4  # transformers' continuous batching pages hold at least th
 LLAMA_CPP_IGNORED = ("block_size", "kv_layout", "batching", "kv_cache_bytes", "kv_memory_fraction", "cuda_graphs",
                      "cpu_kernels")
 LLAMA_CPP_CONTEXT_MULTIPLE = 256  # llama.cpp rounds a context's positions up to a multiple of this
+# Knobs of the local engine that a served model (backend='remote') leaves to its server.
+REMOTE_SERVER_SIDE = ("device", "dtype", "quantization", "gguf_type", "attention", "kv_layout", "block_size",
+                      "prefix_caching", "kv_cache_bytes", "kv_memory_fraction", "kv_cache_dtype", "batching",
+                      "max_num_seqs", "max_num_batched_tokens", "speculative", "draft_model", "num_speculative_tokens",
+                      "gqa", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_micro_batches",
+                      "pipeline_schedule", "disaggregation", "cuda_graphs", "cpu_kernels")
 
 
 @dataclass(frozen=True)
@@ -355,8 +361,7 @@ def _plan_llama_cpp(config: EngineConfig, path: Path, hf_config, architecture: s
     if not describes_tokenizer(path):
         notices.append("the GGUF carries no tokenizer llama.cpp reproduces exactly: the engine's tokenizer encodes "
                        "every prompt (as always), llama.cpp gets token ids")
-    defaults = EngineConfig()
-    ignored = [name for name in LLAMA_CPP_IGNORED if getattr(config, name) != getattr(defaults, name)]
+    ignored = _set_away_from_default(config, LLAMA_CPP_IGNORED)
     if ignored:
         notices.append(f"the llama.cpp backend ignores {', '.join(ignored)} (one sequence on the CPU, its KV sized "
                        "by max_model_len)")
@@ -378,8 +383,7 @@ def _plan_remote(config: EngineConfig, path: Path, hf_config, architecture: str)
     dtype = resolve_dtype(config, hf_config, "cpu")  # the checkpoint's, for the record: the server's is its own
     notices = [f"served by {config.remote_url} as {config.remote_model!r}: figures are measured at this client, "
                f"prompts are encoded with {config.model}'s tokenizer"]
-    defaults = EngineConfig()
-    ignored = [name for name in REMOTE_SERVER_SIDE if getattr(config, name) != getattr(defaults, name)]
+    ignored = _set_away_from_default(config, REMOTE_SERVER_SIDE)
     if ignored:
         notices.append(f"the server decides {', '.join(ignored)}: set here, ignored")
     return EnginePlan(
@@ -388,6 +392,13 @@ def _plan_remote(config: EngineConfig, path: Path, hf_config, architecture: str)
         max_model_len=max_model_len, block_size=0,
         num_kv_blocks=0, kv_block_bytes=0, kv_bytes_per_token=0, num_kv_heads=0, vocab_size=text.vocab_size,
         notices=tuple(notices))
+
+
+def _set_away_from_default(config: EngineConfig, names: tuple[str, ...]) -> list[str]:
+    """Which of the fields `names` the configuration sets to something other than their default (what a backend that
+    ignores them names in its notices)."""
+    defaults = EngineConfig()
+    return [name for name in names if getattr(config, name) != getattr(defaults, name)]
 
 
 def _hf_ignored_knobs(config: EngineConfig, device: str) -> list[str]:

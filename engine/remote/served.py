@@ -28,13 +28,12 @@ from engine.prompts import PromptEncoder, encode_prompt, prompt_batch
 from engine.remote.engine import RemoteEngine
 from engine.remote.policy import AddressPolicy
 from engine.remote.server_metrics import ServerFigure
-from engine.remote.stream import RemoteHandle, RemoteOutput
+from engine.remote.stream import NO_USAGE, RemoteHandle, RemoteOutput
 from engine.remote.target import RemoteTarget
 from engine.sampling_params import GuidedDecoding, SamplingParams
 
 SERVER_METRICS_MAX_AGE_S = 1.0  # the live charts ask for stats twice a second; /metrics is read at most once a second
 NOT_FROM_A_SERVER = "runs on the server: {what} is not available through an OpenAI-compatible client"
-NO_USAGE = "stream_options.include_usage"  # the key `ignored_parameters` gives a reply without the server's usage
 
 
 class ServedModel:

@@ -27,6 +27,7 @@ from engine.remote.client import Call, RemoteClient
 from engine.sampling_params import SamplingParams
 
 _request_ids = itertools.count()
+NO_USAGE = "stream_options.include_usage"  # the `ignored` key of a reply the server sent no usage for
 
 
 @dataclass
@@ -88,7 +89,7 @@ def ignored_parameters(params: SamplingParams, reply: _Reply) -> dict[str, str]:
     ignored = {}
     tokens = reply.usage.get("completion_tokens")
     if not reply.usage:
-        ignored["stream_options.include_usage"] = "the server sent no usage: token counts are unknown"
+        ignored[NO_USAGE] = "the server sent no usage: token counts are unknown"
     if params.ignore_eos and reply.finish == "stop" and not params.stop \
             and (not isinstance(tokens, int) or tokens < params.max_tokens):
         ignored["ignore_eos"] = f"the reply stopped at {tokens} of {params.max_tokens} tokens"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from engine.core.metrics import describe_device
 from engine.plan import cuda_graphs_off
 from engine.sampling_params import SamplingParams
 
@@ -50,6 +49,5 @@ def self_check(engine, tokens: int = CHECK_TOKENS) -> SelfCheck:
     started = time.perf_counter()
     output = engine.generate([CHECK_PROMPT], SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))[0]
     elapsed_ms = (time.perf_counter() - started) * 1000
-    device = info.device_name if info.backend == "remote" else describe_device()
-    return SelfCheck(device, info.backend, info.dtype, info.attention, graphs, output.metrics.output_tokens,
+    return SelfCheck(info.device_name, info.backend, info.dtype, info.attention, graphs, output.metrics.output_tokens,
                      elapsed_ms, output.error if output.finish_reason == "error" else None)
