@@ -13,6 +13,7 @@ from engine import Engine, EngineConfig, ModelLoadError, RequestError, SamplingP
 from engine.remote.served import ServedModel
 from tests.support.llama_cpp_marks import needs_llama_cpp
 from tests.support.llama_cpp_server import llama_cpp_server
+from tests.support.misbehaving_server import KEY, MODEL, MisbehavingServer
 from tests.support.ui_helpers import app_process
 
 pytestmark = pytest.mark.slow
@@ -97,3 +98,20 @@ def test_llama_cpps_own_server_serves_the_same_greedy_text_from_the_prompts_text
         assert "counted by this client's tokenizer" in remote.ignored["stream_options.include_usage"]
         assert (remote.metrics.prompt_tokens, remote.metrics.output_tokens) == (len(own.prompt_token_ids),
                                                                                 len(own.token_ids))
+
+
+def test_the_api_key_variable_reaches_the_server_and_its_metrics_become_the_stats(monkeypatch):
+    """Against a server that answers 401 without the key: remote_api_key_env names the variable whose key is sent,
+    and the server's /metrics (vLLM's series) are the served model's stats, each with its source."""
+    with MisbehavingServer("unauthorized") as server:
+        config = EngineConfig(backend="remote", remote_url=server.base_url, remote_model=MODEL,
+                              remote_api_key_env="SERVED_MODEL_TEST_KEY")
+        monkeypatch.delenv("SERVED_MODEL_TEST_KEY", raising=False)
+        with pytest.raises(ModelLoadError, match="SERVED_MODEL_TEST_KEY"):
+            open_engine(config)
+        monkeypatch.setenv("SERVED_MODEL_TEST_KEY", KEY)
+        with open_engine(config) as served:
+            assert served.generate(["Hi"], SamplingParams(max_tokens=3))[0].finish_reason == "length"
+            stats = served.stats()
+        assert (stats.num_running, stats.num_waiting, stats.prefix_cache_hit_rate) == (3, 1, 0.25)
+        assert any("vllm:kv_cache_usage_perc" in note for note in stats.notes)
