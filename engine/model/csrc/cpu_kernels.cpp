@@ -267,19 +267,27 @@ PLAYGROUND_INLINE vec<W> lane_indices() {
   return lanes;
 }
 
-// One step of a row's online softmax over a chunk's scores (lanes from `visible` on are masked): the chunk's
-// weights exp(score - new maximum); `correction` is what the row's accumulator must be multiplied by first.
-template <int W>
-PLAYGROUND_INLINE vec<W> softmax_step(vec<W> scores, int64_t visible, float& running_max, float& running_sum,
-                                      float& correction) {
+// One step of a row's online softmax over a chunk's scores, V vectors of W lanes (lanes from `visible` on are
+// masked): the scores become the chunk's weights exp(score - new maximum) in place; `correction` is what the row's
+// accumulator must be multiplied by first. One reduction of each kind per chunk, however many vectors it spans.
+template <int W, int V>
+PLAYGROUND_INLINE void softmax_step(vec<W> (&scores)[V], int64_t visible, float& running_max, float& running_sum,
+                                    float& correction) {
   const vec<W> lane_index = lane_indices<W>();
-  scores = lane_index < static_cast<float>(visible) ? scores : splat<W>(kNegInf);
-  const float new_max = std::max(running_max, lane_max<W>(scores));
+  vec<W> largest = splat<W>(kNegInf);
+  for (int v = 0; v < V; ++v) {
+    scores[v] = lane_index < static_cast<float>(visible - v * W) ? scores[v] : splat<W>(kNegInf);
+    largest = largest > scores[v] ? largest : scores[v];
+  }
+  const float new_max = std::max(running_max, lane_max<W>(largest));
   correction = new_max > running_max ? std::exp(running_max - new_max) : 1.f;  // exp(0) without the call
-  const vec<W> weights = exp_lanes<W>(scores - new_max);
-  running_sum = running_sum * correction + lane_sum<W>(weights);
+  vec<W> total = {};
+  for (int v = 0; v < V; ++v) {
+    scores[v] = exp_lanes<W>(scores[v] - new_max);
+    total += scores[v];
+  }
+  running_sum = running_sum * correction + lane_sum<W>(total);
   running_max = new_max;
-  return weights;
 }
 
 // Every row's softmax state before the item's first chunk: zero accumulators and sums, a maximum of -infinity.
@@ -356,8 +364,10 @@ PLAYGROUND_INLINE void attend_item_dim(const PagedShape& s, const AttendItem& it
         const int64_t row = i * s.groups + g;
         const vec<W> scores = visible == W ? full_chunk_scores<W>(queries + row * dim, keys, dim)
                                            : partial_chunk_scores<W>(queries + row * dim, keys, visible, dim);
+        vec<W> weights[1] = {scores};
         float correction;
-        store<W>(p, softmax_step<W>(scores, visible, running_max[row], running_sum[row], correction));
+        softmax_step<W, 1>(weights, visible, running_max[row], running_sum[row], correction);
+        store<W>(p, weights[0]);
         accumulate_values<W, DIM>(accumulators + row * dim, correction, p, values, visible, dim);
       }
     }
@@ -412,7 +422,8 @@ PLAYGROUND_INLINE Int8Work carve_int8_work(float* work, int64_t rows, int64_t di
 }
 
 // attend_item_dim for an int8 pool in integers (int8_kv.cpp): each query row quantized to int16 once, then per chunk
-// its scores as exact integer dot products with the int8 keys (times the row's and each key's scale), its softmax
+// of kChunkKeys positions (spanning blocks: the ops read rows through pointers, so a chunk's online-softmax step, its
+// lane reductions and the accumulators' update are paid once per 32 keys rather than per block of 16) its scores as exact integer dot products with the int8 keys (times the row's and each key's scale), its softmax
 // weights times each value row's scale quantized to int16 (one scale per chunk), and their integer sums
 // with the int8 values added into the float accumulators. Nothing of the pool is widened to float32.
 template <int W, int DIM>
@@ -436,38 +447,53 @@ PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& i
   }
   start_rows(rows, dim, w.accumulators, w.running_max, w.running_sum);
   const playground_cpu::Int8KVOps& ops = *s.int8_ops;
-  alignas(64) float key_scale[W] = {}, value_scale[W] = {};
-  const int64_t step = std::min<int64_t>(W, s.block_size);
-  for (ChunkWalk walk(s, item, step); walk.more(); ) {
-    const Chunk chunk = walk.chunk();
+  constexpr int V = kChunkKeys / W;  // vectors of W lanes a chunk's scores take
+  alignas(64) float key_scale[kChunkKeys] = {}, value_scale[kChunkKeys] = {};
+  const int8_t* key_rows[kChunkKeys];
+  const int8_t* value_rows[kChunkKeys];
+  for (ChunkWalk walk(s, item, kChunkKeys); walk.more(); ) {
+    // A chunk of up to kChunkKeys positions, across blocks: the ops read its rows through pointers.
     const int64_t position0 = walk.position();
-    walk.prefetch_ahead(stride);
-    const int8_t* keys = k_head + chunk.slot0 * stride;
-    const int8_t* values = v_head + chunk.slot0 * stride;
-    for (int64_t t = 0; t < chunk.count; ++t) {
-      key_scale[t] = KVRow<int8_t>::scale(keys + t * stride, dim);
-      value_scale[t] = KVRow<int8_t>::scale(values + t * stride, dim);
+    int64_t count = 0;
+    while (count < kChunkKeys && walk.more()) {
+      const Chunk piece = walk.chunk();
+      const int64_t taken = std::min(piece.count, kChunkKeys - count);
+      walk.prefetch_ahead(stride);
+      for (int64_t t = 0; t < taken; ++t, ++count) {
+        key_rows[count] = k_head + (piece.slot0 + t) * stride;
+        value_rows[count] = v_head + (piece.slot0 + t) * stride;
+        key_scale[count] = KVRow<int8_t>::scale(key_rows[count], dim);
+        value_scale[count] = KVRow<int8_t>::scale(value_rows[count], dim);
+      }
+      walk.advance(taken);
     }
-    ops.scores(keys, stride, chunk.count, w.queries, rows, dim, w.scratch, w.raw);
+    ops.scores(key_rows, count, w.queries, rows, dim, w.scratch, w.raw);
     // Every row's weights are at most 1 times a value row's scale: one int16 scale for the chunk covers them all.
-    const vec<W> value_scales = lane_index < static_cast<float>(chunk.count) ? load<W>(value_scale) : vec<W>{};
-    const float largest_value_scale = lane_max<W>(value_scales);
+    vec<W> largest_scales = {};
+    for (int v = 0; v < V; ++v) {
+      const vec<W> scales = lane_index < static_cast<float>(count - v * W) ? load<W>(value_scale + v * W) : vec<W>{};
+      largest_scales = largest_scales > scales ? largest_scales : scales;
+    }
+    const float largest_value_scale = lane_max<W>(largest_scales);
     const float weight_scale = largest_value_scale / kInt16Max;
-    const vec<W> to_int16 = value_scales * (largest_value_scale > 0.f ? kInt16Max / largest_value_scale : 0.f);
+    const float to_int16 = largest_value_scale > 0.f ? kInt16Max / largest_value_scale : 0.f;
     for (int64_t row = 0; row < rows; ++row) {
-      const int64_t visible = visible_in_chunk(item, row / s.groups, position0, chunk.count);
-      vec<W> weights = {};
+      const int64_t visible = visible_in_chunk(item, row / s.groups, position0, count);
+      vec<W> weights[V] = {};
       w.correction[row] = 1.f;
       if (visible > 0) {
-        ivec<W> raw;
-        std::memcpy(&raw, w.raw + row * kChunkKeys, sizeof(raw));
-        const vec<W> scores = __builtin_convertvector(raw, vec<W>) * (load<W>(key_scale) * w.query_scale[row]);
-        const vec<W> p = softmax_step<W>(scores, visible, w.running_max[row], w.running_sum[row], w.correction[row]);
-        weights = lane_index < static_cast<float>(visible) ? p * to_int16 : vec<W>{};
+        const vec<W> row_scale = splat<W>(w.query_scale[row]);
+        for (int v = 0; v < V; ++v) {
+          ivec<W> raw;
+          std::memcpy(&raw, w.raw + row * kChunkKeys + v * W, sizeof(raw));
+          weights[v] = __builtin_convertvector(raw, vec<W>) * (load<W>(key_scale + v * W) * row_scale);
+        }
+        softmax_step<W, V>(weights, visible, w.running_max[row], w.running_sum[row], w.correction[row]);
+        for (int v = 0; v < V; ++v) weights[v] = weights[v] * (load<W>(value_scale + v * W) * to_int16);
       }
-      store_rounded_int16<W>(w.weights + row * kChunkKeys, weights);
+      for (int v = 0; v < V; ++v) store_rounded_int16<W>(w.weights + row * kChunkKeys + v * W, weights[v]);
     }
-    ops.values(values, stride, chunk.count, w.weights, rows, dim, w.scratch, w.sums);
+    ops.values(value_rows, count, w.weights, rows, dim, w.scratch, w.sums);
     for (int64_t row = 0; row < rows; ++row) {
       float* acc = w.accumulators + row * dim;
       const int32_t* sums = w.sums + row * dim;
@@ -478,7 +504,6 @@ PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& i
         store<W>(acc + d, load<W>(acc + d) * correction + __builtin_convertvector(sum, vec<W>) * weight_scale);
       }
     }
-    walk.advance(chunk.count);
   }
   write_outputs(s, item, dim, w.accumulators, w.running_sum);
 }

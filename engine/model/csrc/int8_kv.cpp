@@ -32,8 +32,8 @@ namespace {
 using playground_cpu::kChunkKeys;
 
 // The second key of the last pair when a chunk has an odd number of keys: the last key again, with weight 0.
-PLAYGROUND_INLINE const int8_t* pair_partner(const int8_t* rows, int64_t stride, int64_t t, int64_t count) {
-  return rows + (t + 1 < count ? t + 1 : t) * stride;
+PLAYGROUND_INLINE const int8_t* pair_partner(const int8_t* const* rows, int64_t t, int64_t count) {
+  return rows[t + 1 < count ? t + 1 : t];
 }
 
 // Weights t and t + 1 of a row as one int32 (t in the low half): the two factors of one 16-bit pair. The weights
@@ -46,25 +46,25 @@ PLAYGROUND_INLINE int32_t weight_pair(const int16_t* weights) {
 
 // ---- plain C++: the reference every level must equal ----
 
-void scores_plain(const int8_t* keys, int64_t stride, int64_t count, const int16_t* queries, int64_t rows,
-                  int64_t dim, int16_t*, int32_t* raw) {
+void scores_plain(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
+                  int16_t*, int32_t* raw) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t t = 0; t < count; ++t) {
       int32_t total = 0;
-      for (int64_t d = 0; d < dim; ++d) total += int32_t{queries[r * dim + d]} * int32_t{keys[t * stride + d]};
+      for (int64_t d = 0; d < dim; ++d) total += int32_t{queries[r * dim + d]} * int32_t{keys[t][d]};
       raw[r * kChunkKeys + t] = total;
     }
   }
 }
 
-void values_plain(const int8_t* values, int64_t stride, int64_t count, const int16_t* weights, int64_t rows,
-                  int64_t dim, int16_t*, int32_t* sums) {
+void values_plain(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
+                  int16_t*, int32_t* sums) {
   for (int64_t r = 0; r < rows; ++r) {
     int32_t* out = sums + r * dim;
     std::fill(out, out + dim, 0);
     for (int64_t t = 0; t < count; ++t) {
       const int32_t w = weights[r * kChunkKeys + t];
-      for (int64_t d = 0; d < dim; ++d) out[d] += w * int32_t{values[t * stride + d]};
+      for (int64_t d = 0; d < dim; ++d) out[d] += w * int32_t{values[t][d]};
     }
   }
 }
@@ -85,11 +85,11 @@ PLAYGROUND_INLINE void with_steps(int64_t steps, F&& f) {
 
 // Keys [count, dim] sign-extended to int16 rows of `dim`, padded with zero rows to a multiple of 4.
 template <int STEPS>
-PLAYGROUND_AVX2 void widen_keys_avx2(const int8_t* keys, int64_t stride, int64_t count, int16_t* out) {
+PLAYGROUND_AVX2 void widen_keys_avx2(const int8_t* const* keys, int64_t count, int16_t* out) {
   constexpr int64_t dim = STEPS * 16;
   for (int64_t t = 0; t < count; ++t) {
     for (int s = 0; s < STEPS; ++s) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + t * stride + s * 16));
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(keys[t] + s * 16));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * dim + s * 16), _mm256_cvtepi8_epi16(bytes));
     }
   }
@@ -97,10 +97,10 @@ PLAYGROUND_AVX2 void widen_keys_avx2(const int8_t* keys, int64_t stride, int64_t
 }
 
 template <int STEPS>
-PLAYGROUND_AVX2 void scores_avx2_steps(const int8_t* keys, int64_t stride, int64_t count, const int16_t* queries,
-                                       int64_t rows, int16_t* scratch, int32_t* raw) {
+PLAYGROUND_AVX2 void scores_avx2_steps(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows,
+                                       int16_t* scratch, int32_t* raw) {
   constexpr int64_t dim = STEPS * 16;
-  widen_keys_avx2<STEPS>(keys, stride, count, scratch);
+  widen_keys_avx2<STEPS>(keys, count, scratch);
   for (int64_t r = 0; r < rows; ++r) {
     __m256i q[STEPS];
     for (int s = 0; s < STEPS; ++s) q[s] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(queries + r * dim + s * 16));
@@ -118,20 +118,20 @@ PLAYGROUND_AVX2 void scores_avx2_steps(const int8_t* keys, int64_t stride, int64
   }
 }
 
-void scores_avx2(const int8_t* keys, int64_t stride, int64_t count, const int16_t* queries, int64_t rows,
-                 int64_t dim, int16_t* scratch, int32_t* raw) {
-  with_steps<16>(dim / 16, [&]<int STEPS>() { scores_avx2_steps<STEPS>(keys, stride, count, queries, rows, scratch, raw); });
+void scores_avx2(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* raw) {
+  with_steps<16>(dim / 16, [&]<int STEPS>() { scores_avx2_steps<STEPS>(keys, count, queries, rows, scratch, raw); });
 }
 
 // Pairs of keys' values interleaved as int16: for pair p and 16 dimensions from d, one vector "lo" holding
 // (v_2p[d + i], v_2p+1[d + i]) for i = 0..3 and 8..11, and one "hi" for i = 4..7 and 12..15 (vpunpck works within
 // 128-bit lanes); values_avx2 puts the dimensions back in order once per row.
 template <int STEPS>
-PLAYGROUND_AVX2 void interleave_values_avx2(const int8_t* values, int64_t stride, int64_t count, int16_t* out) {
+PLAYGROUND_AVX2 void interleave_values_avx2(const int8_t* const* values, int64_t count, int16_t* out) {
   constexpr int64_t dim = STEPS * 16;
   for (int64_t t = 0; t < count; t += 2) {
-    const int8_t* first = values + t * stride;
-    const int8_t* second = pair_partner(values, stride, t, count);
+    const int8_t* first = values[t];
+    const int8_t* second = pair_partner(values, t, count);
     for (int s = 0; s < STEPS; ++s) {
       const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first + s * 16)));
       const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(second + s * 16)));
@@ -143,10 +143,10 @@ PLAYGROUND_AVX2 void interleave_values_avx2(const int8_t* values, int64_t stride
 }
 
 template <int STEPS>
-PLAYGROUND_AVX2 void values_avx2_steps(const int8_t* values, int64_t stride, int64_t count, const int16_t* weights,
-                                       int64_t rows, int16_t* scratch, int32_t* sums) {
+PLAYGROUND_AVX2 void values_avx2_steps(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows,
+                                       int16_t* scratch, int32_t* sums) {
   constexpr int64_t dim = STEPS * 16;
-  interleave_values_avx2<STEPS>(values, stride, count, scratch);
+  interleave_values_avx2<STEPS>(values, count, scratch);
   for (int64_t r = 0; r < rows; ++r) {
     __m256i lo[STEPS], hi[STEPS];
     for (int s = 0; s < STEPS; ++s) lo[s] = hi[s] = _mm256_setzero_si256();
@@ -166,19 +166,19 @@ PLAYGROUND_AVX2 void values_avx2_steps(const int8_t* values, int64_t stride, int
   }
 }
 
-void values_avx2(const int8_t* values, int64_t stride, int64_t count, const int16_t* weights, int64_t rows,
-                 int64_t dim, int16_t* scratch, int32_t* sums) {
-  with_steps<16>(dim / 16, [&]<int STEPS>() { values_avx2_steps<STEPS>(values, stride, count, weights, rows, scratch, sums); });
+void values_avx2(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* sums) {
+  with_steps<16>(dim / 16, [&]<int STEPS>() { values_avx2_steps<STEPS>(values, count, weights, rows, scratch, sums); });
 }
 
 // ---- AVX-512 VNNI: 32 pairs a step (vpdpwssd) ----
 
 template <int STEPS>
-PLAYGROUND_VNNI void widen_keys_vnni(const int8_t* keys, int64_t stride, int64_t count, int16_t* out) {
+PLAYGROUND_VNNI void widen_keys_vnni(const int8_t* const* keys, int64_t count, int16_t* out) {
   constexpr int64_t dim = STEPS * 32;
   for (int64_t t = 0; t < count; ++t) {
     for (int s = 0; s < STEPS; ++s) {
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys + t * stride + s * 32));
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(keys[t] + s * 32));
       _mm512_storeu_si512(out + t * dim + s * 32, _mm512_cvtepi8_epi16(bytes));
     }
   }
@@ -186,10 +186,10 @@ PLAYGROUND_VNNI void widen_keys_vnni(const int8_t* keys, int64_t stride, int64_t
 }
 
 template <int STEPS>
-PLAYGROUND_VNNI void scores_vnni_steps(const int8_t* keys, int64_t stride, int64_t count, const int16_t* queries,
-                                       int64_t rows, int16_t* scratch, int32_t* raw) {
+PLAYGROUND_VNNI void scores_vnni_steps(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows,
+                                       int16_t* scratch, int32_t* raw) {
   constexpr int64_t dim = STEPS * 32;
-  widen_keys_vnni<STEPS>(keys, stride, count, scratch);
+  widen_keys_vnni<STEPS>(keys, count, scratch);
   for (int64_t r = 0; r < rows; ++r) {
     __m512i q[STEPS];
     for (int s = 0; s < STEPS; ++s) q[s] = _mm512_loadu_si512(queries + r * dim + s * 32);
@@ -206,18 +206,18 @@ PLAYGROUND_VNNI void scores_vnni_steps(const int8_t* keys, int64_t stride, int64
   }
 }
 
-void scores_vnni(const int8_t* keys, int64_t stride, int64_t count, const int16_t* queries, int64_t rows,
-                 int64_t dim, int16_t* scratch, int32_t* raw) {
-  with_steps<8>(dim / 32, [&]<int STEPS>() { scores_vnni_steps<STEPS>(keys, stride, count, queries, rows, scratch, raw); });
+void scores_vnni(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* raw) {
+  with_steps<8>(dim / 32, [&]<int STEPS>() { scores_vnni_steps<STEPS>(keys, count, queries, rows, scratch, raw); });
 }
 
 // As interleave_values_avx2, 32 dimensions at a time: "lo" holds i = 0..3, 8..11, 16..19, 24..27, "hi" the rest.
 template <int STEPS>
-PLAYGROUND_VNNI void interleave_values_vnni(const int8_t* values, int64_t stride, int64_t count, int16_t* out) {
+PLAYGROUND_VNNI void interleave_values_vnni(const int8_t* const* values, int64_t count, int16_t* out) {
   constexpr int64_t dim = STEPS * 32;
   for (int64_t t = 0; t < count; t += 2) {
-    const int8_t* first = values + t * stride;
-    const int8_t* second = pair_partner(values, stride, t, count);
+    const int8_t* first = values[t];
+    const int8_t* second = pair_partner(values, t, count);
     for (int s = 0; s < STEPS; ++s) {
       const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + s * 32)));
       const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + s * 32)));
@@ -229,10 +229,10 @@ PLAYGROUND_VNNI void interleave_values_vnni(const int8_t* values, int64_t stride
 }
 
 template <int STEPS>
-PLAYGROUND_VNNI void values_vnni_steps(const int8_t* values, int64_t stride, int64_t count, const int16_t* weights,
-                                       int64_t rows, int16_t* scratch, int32_t* sums) {
+PLAYGROUND_VNNI void values_vnni_steps(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows,
+                                       int16_t* scratch, int32_t* sums) {
   constexpr int64_t dim = STEPS * 32;
-  interleave_values_vnni<STEPS>(values, stride, count, scratch);
+  interleave_values_vnni<STEPS>(values, count, scratch);
   const __m512i first_half = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i second_half = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int64_t r = 0; r < rows; ++r) {
@@ -253,9 +253,9 @@ PLAYGROUND_VNNI void values_vnni_steps(const int8_t* values, int64_t stride, int
   }
 }
 
-void values_vnni(const int8_t* values, int64_t stride, int64_t count, const int16_t* weights, int64_t rows,
-                 int64_t dim, int16_t* scratch, int32_t* sums) {
-  with_steps<8>(dim / 32, [&]<int STEPS>() { values_vnni_steps<STEPS>(values, stride, count, weights, rows, scratch, sums); });
+void values_vnni(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* sums) {
+  with_steps<8>(dim / 32, [&]<int STEPS>() { values_vnni_steps<STEPS>(values, count, weights, rows, scratch, sums); });
 }
 
 #endif  // PLAYGROUND_X86_LEVELS
@@ -295,12 +295,15 @@ std::tuple<at::Tensor, at::Tensor> int8_kv_chunk_sums(const at::Tensor& keys, co
               weights.size(1) == kChunkKeys, "weights must be contiguous int16 [rows, ", kChunkKeys, "]");
   const playground_cpu::Int8KVOps& ops = playground_cpu::int8_kv_ops(level.c_str());
   std::vector<int16_t> scratch(kChunkKeys * dim);
+  std::vector<const int8_t*> key_rows(count), value_rows(count);
+  for (int64_t t = 0; t < count; ++t) {
+    key_rows[t] = keys.data_ptr<int8_t>() + t * (dim + 4);
+    value_rows[t] = values.data_ptr<int8_t>() + t * (dim + 4);
+  }
   at::Tensor raw = at::zeros({rows, kChunkKeys}, keys.options().dtype(at::kInt));
   at::Tensor sums = at::empty({rows, dim}, keys.options().dtype(at::kInt));
-  ops.scores(keys.data_ptr<int8_t>(), dim + 4, count, queries.data_ptr<int16_t>(), rows, dim, scratch.data(),
-             raw.data_ptr<int32_t>());
-  ops.values(values.data_ptr<int8_t>(), dim + 4, count, weights.data_ptr<int16_t>(), rows, dim, scratch.data(),
-             sums.data_ptr<int32_t>());
+  ops.scores(key_rows.data(), count, queries.data_ptr<int16_t>(), rows, dim, scratch.data(), raw.data_ptr<int32_t>());
+  ops.values(value_rows.data(), count, weights.data_ptr<int16_t>(), rows, dim, scratch.data(), sums.data_ptr<int32_t>());
   return {raw.narrow(1, 0, count), sums};
 }
 

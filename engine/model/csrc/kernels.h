@@ -17,19 +17,19 @@ const char* active_level_name();
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                          const std::optional<at::Tensor>& bias);
 
-// Attention over an int8 KV pool (int8_kv.cpp): the integer sums of one chunk of at most kChunkKeys keys. `keys` and
-// `values` are the chunk's `count` pool rows, `stride` bytes apart (head_dim int8 values, then their scale); `dim`
-// is a multiple of 32 up to kMaxInt8HeadDim; `scratch` holds kChunkKeys * dim int16.
-constexpr int64_t kChunkKeys = 16;
+// Attention over an int8 KV pool (int8_kv.cpp): the integer sums of one chunk of at most kChunkKeys keys. `rows[t]`
+// is key or value t's pool row (head_dim int8 values, then their scale): a chunk may span blocks, so its rows need
+// not be adjacent. `dim` is a multiple of 32 up to kMaxInt8HeadDim; `scratch` holds kChunkKeys * dim int16.
+constexpr int64_t kChunkKeys = 32;
 constexpr int64_t kMaxInt8HeadDim = 256;
 struct Int8KVOps {
-  // raw[r * kChunkKeys + t] = sum over d of queries[r * dim + d] * key_t[d], for rows r and keys t < count.
-  void (*scores)(const int8_t* keys, int64_t stride, int64_t count, const int16_t* queries, int64_t rows,
-                 int64_t dim, int16_t* scratch, int32_t* raw);
-  // sums[r * dim + d] = sum over t < count of weights[r * kChunkKeys + t] * value_t[d], for rows r; a row's weights
-  // past `count` are 0 up to the next even index (keys are taken in pairs).
-  void (*values)(const int8_t* values, int64_t stride, int64_t count, const int16_t* weights, int64_t rows,
-                 int64_t dim, int16_t* scratch, int32_t* sums);
+  // raw[r * kChunkKeys + t] = sum over d of queries[r * dim + d] * key_t[d], for query rows r and keys t < count.
+  void (*scores)(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* raw);
+  // sums[r * dim + d] = sum over t < count of weights[r * kChunkKeys + t] * value_t[d], for query rows r; a row's
+  // weights past `count` are 0 up to the next even index (keys are taken in pairs).
+  void (*values)(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* sums);
   const char* name;  // "vnni", "avx2" or "plain"
 };
 

@@ -98,8 +98,12 @@ STORED_TOLERANCE = {torch.bfloat16: 2e-2, torch.int8: 5e-2}
 INTEGER_PATH_TOLERANCE = 2e-4
 
 
+# Keys in one chunk of the integer path (kChunkKeys, csrc/kernels.h): a chunk may span blocks.
+CHUNK_KEYS = 32
+
+
 @pytest.mark.parametrize("dim", [32, 64, 96, 128, 256])
-@pytest.mark.parametrize("count", [1, 3, 4, 7, 16])
+@pytest.mark.parametrize("count", [1, 3, 4, 7, 16, 17, 31, CHUNK_KEYS])
 def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
     """The integer path of int8 attention (csrc/int8_kv.cpp): a chunk's scores (int16 queries times int8 keys) and
     its weighted sums of values (int16 weights times int8 values) equal torch's integer matmuls exactly, at every
@@ -111,7 +115,7 @@ def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
     keys[0, :dim], values[0, :dim] = -128, -128  # the largest products the bounds allow
     queries = torch.randint(-32767, 32768, (rows, dim), dtype=torch.int16, generator=generator)
     queries[0] = -32767
-    weights = torch.zeros(rows, 16, dtype=torch.int16)
+    weights = torch.zeros(rows, CHUNK_KEYS, dtype=torch.int16)
     weights[:, :count] = torch.randint(0, 32768, (rows, count), dtype=torch.int16, generator=generator)
     weights[0, :count] = 32767
     expected_scores = queries.long() @ keys[:, :dim].long().T
@@ -127,7 +131,7 @@ def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
 
 @pytest.mark.parametrize("kv_dtype", [torch.int8, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,dim", [(8, 4, 64), (4, 1, 128), (6, 2, 24)])
-@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 def test_paged_attention_reads_int8_and_bfloat16_pools_in_place(kv_dtype, heads, kv_heads, dim, block_size,
                                                                 kernel_level):
     """Over a pool stored as int8 rows with their scale (or bfloat16), the kernel equals attention on the
