@@ -422,10 +422,11 @@ PLAYGROUND_INLINE Int8Work carve_int8_work(float* work, int64_t rows, int64_t di
 }
 
 // attend_item_dim for an int8 pool in integers (int8_kv.cpp): each query row quantized to int16 once, then per chunk
-// of kChunkKeys positions (spanning blocks: the ops read rows through pointers, so a chunk's online-softmax step, its
-// lane reductions and the accumulators' update are paid once per 32 keys rather than per block of 16) its scores as exact integer dot products with the int8 keys (times the row's and each key's scale), its softmax
-// weights times each value row's scale quantized to int16 (one scale per chunk), and their integer sums
-// with the int8 values added into the float accumulators. Nothing of the pool is widened to float32.
+// its scores as exact integer dot products with the int8 keys (times the row's and each key's scale), its softmax
+// weights times each value row's scale quantized to int16 (one scale per chunk), and their integer sums with the
+// int8 values added into the float accumulators. Nothing of the pool is widened to float32. A chunk is kChunkKeys
+// positions and may span blocks (the ops read its rows through pointers), so each row's online-softmax step (its
+// lane reductions) and its accumulator update are paid once per 32 keys, not once per block of 16.
 template <int W, int DIM>
 PLAYGROUND_INLINE void attend_item_int8(const PagedShape& s, const AttendItem& item, float* work) {
   using playground_cpu::kChunkKeys;
