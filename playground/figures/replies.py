@@ -19,6 +19,9 @@ from engine import RequestMetrics
 from playground.figures.spread import Spread
 
 FIGURE_TITLES = {
+    "ZeroGPU call": "ZeroGPU mode: the GPU call this reply ran in: its wall time, the duration it asked for (from the "
+                    "tokens asked and this configuration's measured step time), and the part spent rebuilding the "
+                    "engine from the checkpoint, which every call pays",
     "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
                    "output token",
     "client TTFT": "time to first token seen by this client of a served model (backend=remote): from sending the "
@@ -113,6 +116,9 @@ def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns:
         chips.append(("guided mask", guided_mask_text(figures)))
         if figures.get("guided_compile_ms"):
             chips.append(("grammar compile", _fmt(figures["guided_compile_ms"], "{:.0f} ms")))
+    if "zerogpu_call_s" in figures:
+        chips.append(("ZeroGPU call", f"{figures['zerogpu_call_s']:.1f} of {figures['zerogpu_asked_s']:.0f} s asked · "
+                                      f"rebuild {figures['zerogpu_rebuild_s']:.1f} s"))
     if dropped_turns:
         chips.append(("context", f"{dropped_turns} older turn{'s' if dropped_turns > 1 else ''} left out"))
     if finish_reason in ("length", "cancelled", "error"):
