@@ -50,7 +50,8 @@ NOT_PER_CALL = (f"{ONE_CALL}, which rebuilds the engine each time: this needs an
 # kernel launches a step costs this engine on a GPU without CUDA graphs, docs/gpu.md) and a load from the checkpoint.
 ESTIMATED_STEP_S = 0.03
 ESTIMATED_LOAD_S = 30.0
-MARGIN = 1.5  # asked duration = MARGIN x the estimate (a call past its duration is stopped)
+MARGIN = 1.5  # asked duration = MARGIN x the estimate + CALL_OVERHEAD_S (a call past its duration is stopped)
+CALL_OVERHEAD_S = 2.0  # the fork, the queues and the worker's first imports, whatever the request
 CHECK_STEPS = 32  # the start-up check: the engine's warm-up and its 16-token reply
 PERPLEXITY_STEPS = 200  # the held-out text's scoring windows, a stated bound
 STEP_HISTORY = 4096
@@ -199,12 +200,13 @@ class ZeroGpuEngine:
         maximum, before anything runs."""
         load = self.info.load_seconds if self.info is not None else ESTIMATED_LOAD_S
         step = self._step_seconds() or ESTIMATED_STEP_S
-        seconds = MARGIN * (load + max(steps * step, arrivals))
+        seconds = MARGIN * (load + max(steps * step, arrivals)) + CALL_OVERHEAD_S
         if seconds > self._gpu.max_seconds:
-            raise Refused(f"{what} would need about {seconds:.0f} s of GPU ({steps:,.0f} steps at {step * 1000:.0f} ms "
-                          f"+ {load:.1f} s to rebuild the engine, x{MARGIN} margin), over this server's ZeroGPU call "
-                          f"limit of {self._gpu.max_seconds} s (PLAYGROUND_ZEROGPU_MAX_SECONDS): ask for fewer "
-                          "requests or tokens")
+            raise Refused(f"{what} would need about {seconds:.0f} s of GPU ({steps:,.0f} steps at "
+                          f"{step * 1000:.0f} ms + {load:.1f} s to rebuild the engine, x{MARGIN}, + "
+                          f"{CALL_OVERHEAD_S:.0f} s per call), over this server's ZeroGPU call limit of "
+                          f"{self._gpu.max_seconds} s (PLAYGROUND_ZEROGPU_MAX_SECONDS): ask for fewer requests or "
+                          "tokens")
         return seconds
 
     def _step_seconds(self) -> float | None:

@@ -4,7 +4,8 @@ Why not the real package: off a ZeroGPU Space, `spaces.GPU(fn)` returns `fn` its
 call that runs elsewhere. This one does what ZeroGPU does to a decorated call: it computes the call's duration (a
 number, or a callable given the call's own arguments), forks a worker (`multiprocessing.get_context("fork")`),
 pickles `(args, kwargs)` into a queue, runs the function there, and pickles its result (or each yield of a generator
-function, or its exception) back. It appends one JSON line per call (`name`, `duration`, `pid`) to the file named
+function, or its exception) back. It appends one JSON line per call (`name`, the name of its first argument if it
+has one, `duration`, `pid`) to the file named
 by FAKE_SPACES_RECORD. On import it makes CUDA's initialisation and an engine's construction fail outside a call,
 and records each such attempt as a `violation` line, so a test fails even where the app shows the error instead of
 raising it. Put its folder first on PYTHONPATH (or on sys.path) to use it.
@@ -74,7 +75,8 @@ def _worker(task, inbox, outbox) -> None:
 
 def _run(task, seconds: float, args, kwargs):
     """Yield ("yield" | "done", value) from one forked call; raise what it raised."""
-    _record({"name": task.__name__, "duration": seconds, "pid": os.getpid()})
+    first = getattr(args[0], "__name__", None) if args else None  # e.g. the job a generic call runs
+    _record({"name": task.__name__, "first_argument": first, "duration": seconds, "pid": os.getpid()})
     context = multiprocessing.get_context("fork")
     inbox, outbox = context.Queue(), context.Queue()
     inbox.put(pickle.dumps((args, kwargs)))
@@ -82,10 +84,11 @@ def _run(task, seconds: float, args, kwargs):
     worker.start()
     try:
         while True:
+            alive = worker.is_alive()  # read before the queue: a worker that ended has flushed what it sent
             try:
                 kind, payload = outbox.get(timeout=POLL_S)
             except queue.Empty:
-                if not worker.is_alive():
+                if not alive:
                     raise RuntimeError(f"{task.__name__}: the GPU worker died (exit code {worker.exitcode})") from None
                 continue
             value = pickle.loads(payload)
