@@ -19,9 +19,6 @@ from engine import RequestMetrics
 from playground.figures.spread import Spread
 
 FIGURE_TITLES = {
-    "ZeroGPU call": "ZeroGPU mode: the GPU call this reply ran in: its wall time, the duration it asked for (from the "
-                    "tokens asked and this configuration's measured step time), and the part spent rebuilding the "
-                    "engine from the checkpoint, which every call pays",
     "engine TTFT": "time to first token inside the engine: from the request's arrival in the engine to its first "
                    "output token",
     "client TTFT": "time to first token seen by this client of a served model (backend=remote): from sending the "
@@ -38,6 +35,8 @@ FIGURE_TITLES = {
     "grammar compile": "time the engine took to compile this reply's schema or regex into a grammar (0 when it came "
                        "from the cache; not part of TPOT)",
     "context": "older turns left out so the prompt fits the model's context and the reply's token budget",
+    "ZeroGPU call": "ZeroGPU mode: this reply's GPU call: its wall time, the duration it asked for, and the part spent "
+                    "rebuilding the engine, which every call pays (see the glossary)",
 }
 
 
