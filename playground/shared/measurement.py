@@ -13,6 +13,7 @@ client that goes away cancels its job the same way (`MeasurementJob.stop`).
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -80,7 +81,9 @@ class MeasurementJob:
         self._steps: list[StepRecord] = []
         self._steps_since = 0.0
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, args=(work,), name="playground-measure", daemon=True)
+        # run in the caller's context: in ZeroGPU mode `spaces.GPU` finds the visitor's request there (its quota)
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run, work),
+                                        name="playground-measure", daemon=True)
         self._thread.start()
 
     def _run(self, work: Callable[[MeasurementJob], object]) -> None:
