@@ -144,7 +144,11 @@ class ZeroGpu:
     off one, `spaces.GPU` returns the function itself and the call runs in this process)."""
 
     def __init__(self, max_seconds: int):
-        import spaces  # preinstalled on a ZeroGPU Space; test-only here (requirements-test.txt)
+        try:
+            import spaces  # preinstalled on a ZeroGPU Space; test-only here (requirements-test.txt)
+        except ImportError as error:
+            raise RuntimeError("ZeroGPU mode (SPACES_ZERO_GPU or PLAYGROUND_ZEROGPU) needs the spaces package, which "
+                               "ZeroGPU Spaces preinstall: pip install spaces==0.51.3") from error
 
         self.max_seconds = max_seconds
         self.call = spaces.GPU(in_call, duration=asked)

@@ -117,3 +117,9 @@ def test_the_mode_is_read_as_the_spaces_package_reads_it_or_forced():
                     ({"SPACES_ZERO_GPU": "0"}, False), ({"PLAYGROUND_ZEROGPU": "1"}, True), ({}, False)):
         assert Settings.from_env(["demo"], env).zero_gpu is on, env
     assert Settings.from_env(["demo"], {"PLAYGROUND_ZEROGPU_MAX_SECONDS": "30"}).zero_gpu_max_seconds == 30
+
+
+def test_the_mode_without_the_spaces_package_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "spaces", None)  # an import of it raises ImportError
+    with pytest.raises(RuntimeError, match="needs the spaces package"):
+        create_playground(Settings(zero_gpu=True))
