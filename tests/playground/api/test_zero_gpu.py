@@ -15,6 +15,7 @@ from engine import EngineConfig, RequestError, SamplingParams, list_models
 from playground.app import create_playground, warm_up
 from playground.engine_panel.choices import help_line, unavailable_choices
 from playground.engine_panel.form import FORM_FIELDS, config_to_form
+from playground.page import REFRESH_OUTPUTS, PageHandlers
 from playground.shared import zero_gpu
 from playground.shared.errors import Refused
 from playground.shared.settings import Settings
@@ -92,9 +93,15 @@ def test_the_real_spaces_package_off_zero_gpu_leaves_the_call_in_this_process():
             assert 0 < engine.seconds_for(8, "a reply") < engine.seconds_for(512, "a reply"), "tokens asked ignored"
             with pytest.raises(Refused, match="PLAYGROUND_ZEROGPU_MAX_SECONDS"):
                 engine.seconds_for(100_000, "a reply")
-            assert engine.stats().weights_bytes > 0 and engine.step_history(), "the call's snapshot was not kept"
+            stats = engine.stats()
+            assert stats.weights_bytes > 0 and stats.kv_blocks_total > 0 and engine.step_history(), \
+                "the call's snapshot was not kept"
             with pytest.raises(RequestError, match="OpenAI routes"):
                 engine.submit([1, 2, 3])
+        # the header, the pool and the live charts draw from the calls' snapshots
+        shown = dict(zip(REFRESH_OUTPUTS, PageHandlers(context).refresh(context.new_session()), strict=True))
+        assert "ZeroGPU mode:" in shown["header"] and "demo · defaults" in shown["pool"]
+        assert f"of {stats.kv_blocks_total} allocated" in shown["kv_blocks"] and "Running sequences" in shown["batch"]
     finally:
         context.pool.close()
 
