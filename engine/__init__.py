@@ -16,13 +16,14 @@ from engine.core.perplexity import PerplexityResult
 from engine.core.request import RequestOutput, StreamDelta
 from engine.engine import Engine
 from engine.errors import ConfigError, EngineError, ModelLoadError, RemoteError, RequestError
-from engine.hub import ModelEntry, hub_repo, list_models, resolve_model_path
+from engine.hub import ModelEntry, hub_repo, list_models, load_tokenizer, resolve_model_path
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
 from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
 from engine.preload import import_serving_modules
 from engine.presets import list_presets, load_preset, preset_description
+from engine.prompts import PromptEncoder, encode_prompt
 from engine.remote import AddressPolicy, AllowedBase, RemoteEngine, RemoteOutput, RemoteTarget, RemoteTimeouts
 from engine.runner.profiler import DecodeProfile
 from engine.sampling_params import GUIDED_KINDS, MAX_SPEC_CHARS, MAX_TOP_LOGPROBS, GuidedDecoding, SamplingParams
@@ -43,11 +44,11 @@ __all__ = ["AddressPolicy", "AllowedBase", "BenchRequest", "CHOICES", "ConfigErr
            "DeviceCeilings", "EXPORT_TARGETS", "Engine", "EngineConfig", "EngineError", "EngineInfo", "EnginePlan",
            "EngineStats", "ExportResult", "GOODPUT_METRICS", "GUIDED_KINDS", "GuidedDecoding", "HardwareProjection",
            "MAX_SPEC_CHARS", "MAX_TOP_LOGPROBS", "MemoryEstimate", "ModelEntry", "ModelLoadError", "PerplexityResult",
-           "PhasePoint", "RemoteEngine", "RemoteError", "RemoteOutput", "RemoteTarget", "RemoteTimeouts",
-           "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams", "SelfCheck",
-           "StepRecord", "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report", "build_workload",
-           "check_goodput_slos", "choice_note", "describe_device", "device_ceilings", "engine_roofline",
-           "estimate_memory", "export_command", "format_export", "hub_repo", "import_serving_modules", "list_models",
-           "list_presets", "load_preset", "measure_engine", "open_engine", "parse_sets", "plan_engine",
-           "preset_description", "project_hardware", "resolve_dataset", "resolve_model_path", "self_check",
-           "tensor_parallel_reason", "unavailable_reason"]
+           "PhasePoint", "PromptEncoder", "RemoteEngine", "RemoteError", "RemoteOutput", "RemoteTarget",
+           "RemoteTimeouts", "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams",
+           "SelfCheck", "StepRecord", "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report",
+           "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
+           "encode_prompt", "engine_roofline", "estimate_memory", "export_command", "format_export", "hub_repo",
+           "import_serving_modules", "list_models", "list_presets", "load_preset", "load_tokenizer", "measure_engine",
+           "open_engine", "parse_sets", "plan_engine", "preset_description", "project_hardware", "resolve_dataset",
+           "resolve_model_path", "self_check", "tensor_parallel_reason", "unavailable_reason"]

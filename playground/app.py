@@ -63,8 +63,10 @@ from playground.shared.errors import Refused
 from playground.shared.measurement_slot import MeasurementSlot
 from playground.shared.pool import EnginePool
 from playground.shared.settings import MIB, Settings
+from playground.shared.zero_gpu import ZeroGpu, ZeroGpuEngine
 
 GIB = 1024**3
+ZERO_GPU_MEMORY = 70 * GIB  # a ZeroGPU call's GPU slice ("large": half an H200)
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CSS_PATH = ASSETS / "style.css"
 JS_PATH = ASSETS / "playground.js"
@@ -120,8 +122,26 @@ def remote_policy(settings: Settings) -> AddressPolicy:
 
 
 def engine_size_bytes(engine) -> int:
+    """What an engine holds while pooled (a ZeroGPU mode engine holds no weights or KV pool between its calls)."""
+    if isinstance(engine, ZeroGpuEngine):
+        return 0
     stats = engine.stats()
     return stats.weights_bytes + stats.kv_cache_bytes
+
+
+def engine_factory(settings: Settings, policy: AddressPolicy):
+    """How the pool opens a configuration: `open_engine`; in ZeroGPU mode a `ZeroGpuEngine` (its check runs in a GPU
+    call, and so does everything after it), except a model served elsewhere, which needs no GPU here."""
+    if not settings.zero_gpu:
+        return lambda config: open_engine(config, policy)
+    gpu = ZeroGpu(settings.zero_gpu_max_seconds)
+    return lambda config: open_engine(config, policy) if config.backend == "remote" else ZeroGpuEngine(config, gpu)
+
+
+def zero_gpu_device(settings: Settings) -> str:
+    """The header's device in ZeroGPU mode (describing the GPU here would initialise CUDA outside a call)."""
+    return (f"ZeroGPU mode: a GPU slice per reply or measurement (spaces.GPU, at most "
+            f"{settings.zero_gpu_max_seconds} s a call), each call rebuilding the engine")
 
 
 def create_playground(settings: Settings | None = None, default_model: str | None = None,
@@ -136,18 +156,20 @@ def create_playground(settings: Settings | None = None, default_model: str | Non
     import_serving_modules()
     models = list_models() if models is None else models
     settings = settings or Settings.from_env(list(models))
-    budget = int(settings.pool_memory_gib * GIB) if settings.pool_memory_gib else default_memory_budget()
+    budget = (int(settings.pool_memory_gib * GIB) if settings.pool_memory_gib
+              else ZERO_GPU_MEMORY if settings.zero_gpu else default_memory_budget())
     kv_cap = settings.max_kv_cache_mib * MIB if settings.max_kv_cache_mib else None
     if settings.public and kv_cap is None:
         kv_cap = budget // settings.max_engines
         settings = dataclasses.replace(settings, max_kv_cache_mib=kv_cap // MIB)
     policy = remote_policy(settings)
-    pool = EnginePool(lambda config: open_engine(config, policy), size_of=engine_size_bytes,
+    pool = EnginePool(engine_factory(settings, policy), size_of=engine_size_bytes,
                       close=lambda engine: engine.close(), estimate=memory_estimator(kv_cap),
                       memory_budget_bytes=budget, max_engines=settings.max_engines)
     default_model = default_model or next((name for name, entry in models.items() if entry.default),
                                           next(iter(models), "demo"))
-    return PlaygroundContext(pool, settings, models, describe_device(), EngineConfig(model=default_model),
+    device = zero_gpu_device(settings) if settings.zero_gpu else describe_device()
+    return PlaygroundContext(pool, settings, models, device, EngineConfig(model=default_model),
                              list_presets(), kv_cap,
                              MeasurementSlot(settings.max_measure_waiting, settings.max_measure_seconds), policy)
 
@@ -159,7 +181,11 @@ def warm_up(context: PlaygroundContext) -> threading.Thread:
     def load() -> None:
         try:
             with context.pool.lease(context.default_config) as entry:
-                context.startup.line = self_check(entry.engine).line()
+                engine = entry.engine
+                if isinstance(engine, ZeroGpuEngine):  # its check ran in the GPU call that opened it
+                    context.startup.line = f"ZeroGPU mode: {engine.checked.line()} · {engine.last_call.line()}"
+                else:
+                    context.startup.line = self_check(engine).line()
         except Exception as error:  # the page shows the same error when a chat asks for it
             context.startup.line = f"start-up check failed: {context.describe(error)}"
             print(f"[playground] default engine failed to load: {error}")
@@ -172,11 +198,12 @@ def warm_up(context: PlaygroundContext) -> threading.Thread:
 # ----- the page -------------------------------------------------------------------------------
 
 
-def page_js() -> str:
-    """The page's script (assets/playground.js) with this host's choices and every control's tooltip filled in."""
+def page_js(zero_gpu: bool = False) -> str:
+    """The page's script (assets/playground.js) with this host's choices (in ZeroGPU mode or not) and every control's
+    tooltip filled in."""
     tooltips = element_tooltips({**PANEL_TOOLTIPS, **CHAT_TOOLTIPS, **COMPARE_TOOLTIPS, **BENCHMARK_TOOLTIPS,
                                  **ROOFLINE_TOOLTIPS})
-    return (JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data())
+    return (JS_PATH.read_text(encoding="utf-8").replace("__CHOICES__", page_script_data(zero_gpu))
             .replace("__TOOLTIPS__", json.dumps(tooltips)))
 
 
@@ -239,7 +266,8 @@ def launch(context: PlaygroundContext, demo: gr.Blocks | None = None, prevent_th
     demo.queue(max_size=settings.max_queue, default_concurrency_limit=settings.max_concurrent_chats)
     limits = Middleware(BodyLimits, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     server = {"routes": openai_routes(context), "middleware": [limits]}
-    result = demo.launch(theme=THEME, css_paths=[CSS_PATH], css=page_css(), js=page_js(), head=PAGE_HEAD,
+    result = demo.launch(theme=THEME, css_paths=[CSS_PATH], css=page_css(settings.zero_gpu),
+                         js=page_js(settings.zero_gpu), head=PAGE_HEAD,
                          prevent_thread_lock=True, app_kwargs=server, **launch_kwargs)
     # uvicorn makes each new connection's protocol from its config: from now on, one that times its headers out
     demo.server.config.http_protocol_class = bounded_protocol(settings.header_timeout_s)

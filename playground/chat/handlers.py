@@ -35,6 +35,7 @@ from playground.shared.errors import Refused
 from playground.shared.sampling import parse_sampling
 from playground.shared.session import Session, pack
 from playground.shared.structured_output import OFF, parse_structured_output
+from playground.shared.zero_gpu import ZeroGpuEngine
 
 CHART_REFRESH_S = 0.5
 TEXT_REFRESH_S = 0.05
@@ -158,6 +159,8 @@ class ChatHandlers:
                 finally:
                     stream.close()
                     session.activity.request_ended(time.perf_counter())
+                    if isinstance(engine, ZeroGpuEngine) and (call := engine.thread_call()) is not None:
+                        exchange.figures = {**exchange.figures, **call.figures()}
                     if params.logprobs is not None:
                         exchange.tokens = reply_tokens(engine.tokenizer, logprobs)
         except Exception as failure:  # before streaming: refused; during: the reply shows the error

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from engine import CHOICES, choice_note, unavailable_reason
+from playground.shared import zero_gpu as zero_gpu_mode
 
 RADIO_FIELDS = ("backend", "device", "dtype", "quantization", "gguf_type", "attention", "kv_layout", "kv_cache_dtype",
                 "batching", "speculative", "pipeline_schedule", "disaggregation")
@@ -46,14 +47,16 @@ def all_values(field_name: str) -> list:
     return CHOICES[field_name] if field_name in CHOICES else DROPDOWN_CHOICES[field_name]
 
 
-def unavailable_choices(field_name: str) -> dict:
-    """value -> why it cannot run on this host, for the choices of one control that cannot."""
+def unavailable_choices(field_name: str, zero_gpu: bool = False) -> dict:
+    """value -> why it cannot run on this host (or, with `zero_gpu`, in ZeroGPU mode), for the choices of one control
+    that cannot."""
     return {value: reason for value in all_values(field_name)
-            if (reason := unavailable_reason(field_name, engine_value(value)))}
+            if (reason := unavailable_reason(field_name, engine_value(value))
+                or (zero_gpu and zero_gpu_mode.refusal(field_name, engine_value(value))))}
 
 
-def usable_choices(field_name: str) -> list:
-    unavailable = unavailable_choices(field_name)
+def usable_choices(field_name: str, zero_gpu: bool = False) -> list:
+    unavailable = unavailable_choices(field_name, zero_gpu)
     return [value for value in all_values(field_name) if value not in unavailable]
 
 
@@ -66,9 +69,9 @@ def _why_not(unavailable: dict) -> str:
     return "".join(f" · disabled: {', '.join(values)} ({reason})" for reason, values in by_reason.items())
 
 
-def help_line(field_name: str, value) -> str:
+def help_line(field_name: str, value, zero_gpu: bool = False) -> str:
     """A control's help line: what it does, which choices cannot run here and why, and the selected choice's note."""
-    line = HELP[field_name] + _why_not(unavailable_choices(field_name))
+    line = HELP[field_name] + _why_not(unavailable_choices(field_name, zero_gpu))
     if isinstance(value, str | int) and not isinstance(value, bool) and value in all_values(field_name):
         note = choice_note(field_name, engine_value(value))
         if note:
@@ -76,21 +79,21 @@ def help_line(field_name: str, value) -> str:
     return line
 
 
-def page_css() -> str:
-    """Greys out the radio choices that cannot run on this host (the rules depend on the host)."""
+def page_css(zero_gpu: bool = False) -> str:
+    """Greys out the radio choices that cannot run on this host (the rules depend on the host and ZeroGPU mode)."""
     rules = []
     for field_name in RADIO_FIELDS:
-        for value in unavailable_choices(field_name):
+        for value in unavailable_choices(field_name, zero_gpu):
             selector = f'#ctl-{field_name} label:has(input[value="{value}"])'
             rules.append(f"{selector} {{ opacity: .45; pointer-events: none; text-decoration: line-through; }}")
     return "\n".join(rules)
 
 
-def page_script_data() -> str:
+def page_script_data(zero_gpu: bool = False) -> str:
     """For the page script: per radio field, the reason each unusable choice cannot run and the note of the others."""
     data = {}
     for field_name in RADIO_FIELDS:
-        unavailable = unavailable_choices(field_name)
+        unavailable = unavailable_choices(field_name, zero_gpu)
         notes = {value: choice_note(field_name, value) for value in CHOICES[field_name] if value not in unavailable}
         data[field_name] = {"unavailable": {str(v): r for v, r in unavailable.items()},
                             "notes": {str(v): n for v, n in notes.items() if n}}

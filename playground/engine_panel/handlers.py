@@ -99,12 +99,12 @@ class PanelHandlers:
             choices.append((label, name))
         return choices
 
-    @staticmethod
-    def choice_help(field_name: str):
+    def choice_help(self, field_name: str):
         """The handler that keeps a choice control's help line on the selected choice's note."""
+        zero_gpu = self.context.settings.zero_gpu
 
         def update(value) -> dict:
-            return gr.update(info=help_line(field_name, value))
+            return gr.update(info=help_line(field_name, value, zero_gpu))
 
         return update
 

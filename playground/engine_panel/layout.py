@@ -24,16 +24,16 @@ TOOLTIPS = {**{f"ctl-{name}": name for name in FORM_FIELDS if name != "custom_mo
 PRIVATE = {"api_visibility": "private"}
 
 
-def _radio(field_name: str, value) -> gr.Radio:
+def _radio(field_name: str, value, zero_gpu: bool) -> gr.Radio:
     """All choices; the ones that cannot run here are greyed out and blocked by the page's CSS and script."""
-    return gr.Radio(CHOICES[field_name], value=value, label=field_name, info=help_line(field_name, value),
+    return gr.Radio(CHOICES[field_name], value=value, label=field_name, info=help_line(field_name, value, zero_gpu),
                     elem_id=f"ctl-{field_name}", elem_classes=["ctl"])
 
 
-def _dropdown(field_name: str, value) -> gr.Dropdown:
+def _dropdown(field_name: str, value, zero_gpu: bool) -> gr.Dropdown:
     """Only the usable choices; the rest are named in the help line. One usable choice: not editable."""
-    usable = usable_choices(field_name)
-    return gr.Dropdown(usable, value=value, label=field_name, info=help_line(field_name, value),
+    usable = usable_choices(field_name, zero_gpu)
+    return gr.Dropdown(usable, value=value, label=field_name, info=help_line(field_name, value, zero_gpu),
                        interactive=len(usable) > 1, elem_id=f"ctl-{field_name}", elem_classes=["ctl"])
 
 
@@ -41,6 +41,7 @@ def _controls(panel: PanelHandlers) -> dict:
     """The engine panel's controls by form field name, showing the default configuration."""
     context = panel.context
     settings, form = context.settings, config_to_form(context.default_config.to_dict(), context.curated)
+    zero_gpu = settings.zero_gpu  # ZeroGPU mode disables the choices it cannot run, saying why
     controls: dict = {}
     controls["model"] = gr.Dropdown(panel.model_choices(), value=form["model"], label="model", elem_classes=["ctl"],
                                     elem_id="ctl-model", allow_custom_value=True,
@@ -51,7 +52,7 @@ def _controls(panel: PanelHandlers) -> dict:
         visible=not settings.curated_only, elem_classes=["ctl"])
     with gr.Accordion("Execution", open=True, elem_classes=["group"]):
         for field_name in ("backend", "device", "dtype", "quantization", "gguf_type", "attention"):
-            controls[field_name] = _radio(field_name, form[field_name])
+            controls[field_name] = _radio(field_name, form[field_name], zero_gpu)
     with gr.Accordion("Served elsewhere (backend=remote)", open=False, elem_classes=["group"]):
         remote_note = ("" if not settings.public or settings.remote_allow_list else
                        " · off on this public server: its host allows no base URL (PLAYGROUND_REMOTE_ALLOW)")
@@ -67,8 +68,8 @@ def _controls(panel: PanelHandlers) -> dict:
             value=form["remote_api_key_env"], label="remote_api_key_env", elem_id="ctl-remote_api_key_env",
             elem_classes=["ctl"], info="the environment variable holding its API key (the key is never shown)")
     with gr.Accordion("KV cache", open=True, elem_classes=["group"]):
-        controls["kv_layout"] = _radio("kv_layout", form["kv_layout"])
-        controls["kv_cache_dtype"] = _radio("kv_cache_dtype", form["kv_cache_dtype"])
+        controls["kv_layout"] = _radio("kv_layout", form["kv_layout"], zero_gpu)
+        controls["kv_cache_dtype"] = _radio("kv_cache_dtype", form["kv_cache_dtype"], zero_gpu)
         controls["block_size"] = gr.Dropdown(BLOCK_SIZES, value=form["block_size"], label="block_size",
                                              info="tokens per KV block", elem_id="ctl-block_size", elem_classes=["ctl"])
         controls["prefix_caching"] = gr.Checkbox(value=form["prefix_caching"], label="prefix_caching",
@@ -80,7 +81,7 @@ def _controls(panel: PanelHandlers) -> dict:
             info="KV budget; 0 = automatic" + (f" · at most {kv_cap} MiB here" if kv_cap else ""),
             elem_id="ctl-kv_cache_mib", elem_classes=["ctl"])
     with gr.Accordion("Batching", open=True, elem_classes=["group"]):
-        controls["batching"] = _radio("batching", form["batching"])
+        controls["batching"] = _radio("batching", form["batching"], zero_gpu)
         controls["max_num_seqs"] = gr.Slider(1, settings.max_num_seqs or 256, value=form["max_num_seqs"], step=1,
                                              label="max_num_seqs", info="most sequences in one batch",
                                              elem_id="ctl-max_num_seqs", elem_classes=["ctl"])
@@ -97,7 +98,7 @@ def _controls(panel: PanelHandlers) -> dict:
             info="share of the memory available at load for an automatic KV cache; 0 = the device's default",
             elem_id="ctl-kv_memory_fraction", elem_classes=["ctl"])
     with gr.Accordion("Speculative decoding", open=False, elem_classes=["group"]):
-        controls["speculative"] = _radio("speculative", form["speculative"])
+        controls["speculative"] = _radio("speculative", form["speculative"], zero_gpu)
         spec_on = form["speculative"] != "off"
         controls["draft_model"] = gr.Dropdown(
             [("(the model's curated draft)", "")] + [(n, n) for n in context.models], value=form["draft_model"],
@@ -108,15 +109,15 @@ def _controls(panel: PanelHandlers) -> dict:
             info="tokens proposed per step (only while speculative decoding is on)",
             elem_id="ctl-num_speculative_tokens", elem_classes=["ctl"])
     with gr.Accordion("Attention heads, parallelism, advanced", open=False, elem_classes=["group"]):
-        controls["gqa"] = _dropdown("gqa", form["gqa"])
-        controls["tensor_parallel_size"] = _dropdown("tensor_parallel_size", form["tensor_parallel_size"])
-        controls["pipeline_parallel_size"] = _dropdown("pipeline_parallel_size", form["pipeline_parallel_size"])
+        controls["gqa"] = _dropdown("gqa", form["gqa"], zero_gpu)
+        for field_name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            controls[field_name] = _dropdown(field_name, form[field_name], zero_gpu)
         controls["pipeline_micro_batches"] = gr.Number(
             value=form["pipeline_micro_batches"], label="pipeline_micro_batches", precision=0, minimum=0, maximum=64,
             info="micro-batches a step is split into across the stages; 0 = one per stage (pipelining only)",
             elem_id="ctl-pipeline_micro_batches", elem_classes=["ctl"])
-        controls["pipeline_schedule"] = _radio("pipeline_schedule", form["pipeline_schedule"])
-        controls["disaggregation"] = _radio("disaggregation", form["disaggregation"])
+        controls["pipeline_schedule"] = _radio("pipeline_schedule", form["pipeline_schedule"], zero_gpu)
+        controls["disaggregation"] = _radio("disaggregation", form["disaggregation"], zero_gpu)
         controls["seed"] = gr.Number(value=form["seed"], label="seed", precision=0, minimum=0,
                                      info="the engine's seed (requests without their own seed)",
                                      elem_id="ctl-seed", elem_classes=["ctl"])

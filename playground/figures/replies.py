@@ -35,6 +35,8 @@ FIGURE_TITLES = {
     "grammar compile": "time the engine took to compile this reply's schema or regex into a grammar (0 when it came "
                        "from the cache; not part of TPOT)",
     "context": "older turns left out so the prompt fits the model's context and the reply's token budget",
+    "ZeroGPU call": "ZeroGPU mode: this reply's GPU call: its wall time, the duration it asked for, and the part spent "
+                    "rebuilding the engine, which every call pays (see the glossary)",
 }
 
 
@@ -113,6 +115,9 @@ def figures_html(figures: dict, finish_reason: str | None = None, dropped_turns:
         chips.append(("guided mask", guided_mask_text(figures)))
         if figures.get("guided_compile_ms"):
             chips.append(("grammar compile", _fmt(figures["guided_compile_ms"], "{:.0f} ms")))
+    if "zerogpu_call_s" in figures:
+        chips.append(("ZeroGPU call", f"{figures['zerogpu_call_s']:.1f} of {figures['zerogpu_asked_s']:.0f} s asked · "
+                                      f"rebuild {figures['zerogpu_rebuild_s']:.1f} s"))
     if dropped_turns:
         chips.append(("context", f"{dropped_turns} older turn{'s' if dropped_turns > 1 else ''} left out"))
     if finish_reason in ("length", "cancelled", "error"):

@@ -317,6 +317,13 @@ FIGURES = {
     "peak_running": Entry("peak running", "The most sequences that ran in one step.", ""),
     "cancelled_requests": Entry("cancelled", "Requests the run did not finish (never sent, or cancelled in "
                                 "flight).", ""),
+    "zerogpu_call": Entry("ZeroGPU call", "ZeroGPU mode (a ZeroGPU Space): the GPU is attached only while one call "
+                          "runs, in a forked worker, so each reply, Compare side and benchmark is one call that "
+                          "rebuilds the engine from the checkpoint. Under a reply: the call's wall time, the "
+                          "duration it asked for (the tokens asked x this configuration's measured step time, plus "
+                          "its load time, with a margin) and the rebuild's part.",
+                          "no GPU is held between requests, but every call pays the rebuild, and nothing of an "
+                          "engine (prefix cache, CUDA graphs) survives from one call to the next."),
 }
 
 ENTRIES = {**TOGGLES, **FIGURES}

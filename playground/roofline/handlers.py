@@ -25,6 +25,7 @@ from playground.figures.roofline_chart import roofline_summary_html, roofline_sv
 from playground.roofline.probe import run_probe
 from playground.shared.context import PlaygroundContext
 from playground.shared.errors import Refused
+from playground.shared.zero_gpu import NOT_PER_CALL
 
 PROBE, LAST_MINUTE, EVERYTHING = "the probe's steps", "the last 60 s", "every recorded step"
 WINDOWS = (PROBE, LAST_MINUTE, EVERYTHING)
@@ -92,6 +93,8 @@ class RooflineHandlers:
                                                                                             engine.info))
 
     def _probe(self, session) -> tuple[RooflineView, float]:
+        if self.context.settings.zero_gpu:
+            return RooflineView.unavailable(f"The probe is off in ZeroGPU mode: {NOT_PER_CALL}"), 0.0
         try:
             with self.context.measurements.held(session), self.context.pool.lease(session.config) as entry:
                 started = run_probe(entry.engine)

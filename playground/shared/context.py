@@ -19,6 +19,7 @@ from playground.shared.pool import EnginePool
 from playground.shared.reference_perplexity import ReferencePerplexities
 from playground.shared.session import Session
 from playground.shared.settings import MIB, Settings
+from playground.shared.zero_gpu import config_refusal
 
 # Hosting caps (Settings attribute = config field -> its environment variable), enforced in public mode.
 CAPPED_FIELDS = {"max_num_seqs": "PLAYGROUND_MAX_NUM_SEQS", "max_num_batched_tokens": "PLAYGROUND_MAX_BATCHED_TOKENS",
@@ -88,6 +89,8 @@ class PlaygroundContext:
             refusal = name and self.settings.model_refusal(name)
             if refusal:
                 raise Refused(refusal)
+        if self.settings.zero_gpu and (refusal := config_refusal(config)):
+            raise Refused(refusal)
         if self.settings.public:
             enforce_caps(config, self.settings, self.max_kv_cache_bytes)
         if config.backend == "remote":

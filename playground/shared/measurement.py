@@ -13,6 +13,7 @@ client that goes away cancels its job the same way (`MeasurementJob.stop`).
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ from engine import (
 from playground.shared.errors import Refused
 from playground.shared.measurement_slot import MeasurementSlot, Place
 from playground.shared.pool import EnginePool
+from playground.shared.zero_gpu import PERPLEXITY_STEPS, ZeroGpuEngine
 
 STOP_WAIT_S = 60.0
 TURN_POLL_S = 0.2
@@ -79,7 +81,9 @@ class MeasurementJob:
         self._steps: list[StepRecord] = []
         self._steps_since = 0.0
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, args=(work,), name="playground-measure", daemon=True)
+        # run in the caller's context: in ZeroGPU mode `spaces.GPU` finds the visitor's request there (its quota)
+        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._run, work),
+                                        name="playground-measure", daemon=True)
         self._thread.start()
 
     def _run(self, work: Callable[[MeasurementJob], object]) -> None:
@@ -163,7 +167,9 @@ class MeasurementJob:
         `sampling` holds what every request samples with (its temperature, top-p, top-k, `ignore_eos`, structured
         output; request i
         uses seed + i, so its seed must be set; each request's own token budget replaces `max_tokens`). With
-        `pieces`, each output is also split into the text of its tokens (for marking differences).
+        `pieces`, each output is also split into the text of its tokens (for marking differences). In ZeroGPU mode
+        the whole measurement is one GPU call (`zero_gpu.py`): its progress and live steps arrive when it ends, and
+        Cancel cannot reach it (it ends within the duration it asked for).
         """
 
         def on_phase(phase: str) -> None:
@@ -173,30 +179,92 @@ class MeasurementJob:
         with pool.lease(config, on_phase=on_phase) as entry:
             engine = entry.engine
             requests = build_requests(engine)
-            spec = spec or WorkloadSpec(num_prompts=len(requests), seed=sampling.seed)
-            outputs: list[RequestOutput | None] = [None] * len(requests)
-            last_done = [time.perf_counter()]
-
-            def keep(index: int, output: RequestOutput) -> None:
-                outputs[index], last_done[0] = output, time.perf_counter()
-                self._count(index, output)
-
-            self._begin_run(label, engine, len(requests))
-            result = measure_engine(engine, spec, concurrency or len(requests), sampling.temperature,
-                                    sampling.ignore_eos, warmup, perplexity, requests=requests, top_p=sampling.top_p,
-                                    top_k=sampling.top_k, goodput_slos=goodput_slos, cancel=self.cancel,
-                                    on_output=keep, roofline=True,  # the report has the bench CLI's keys
-                                    guided=sampling.guided)
-            # the measured window: from the first request sent (after the warm-up) to the last one done
-            first_sent = last_done[0] - result["duration"]
-            steps = [s for s in self.live_steps() if first_sent <= s.time <= last_done[0]]
-            run = MeasuredRun(label=label, config=config, info=engine.info, result=result, outputs=outputs,
-                              steps=steps, started=first_sent)
-            if pieces:
-                run.pieces = [token_pieces(engine.tokenizer, o.token_ids if o else []) for o in outputs]
+            plan = Measurement(requests, spec or WorkloadSpec(num_prompts=len(requests), seed=sampling.seed),
+                               concurrency or len(requests), sampling, warmup, perplexity, goodput_slos, pieces)
+            if isinstance(engine, ZeroGpuEngine):
+                with self._lock:
+                    self.label, self.phase = label, "running in one ZeroGPU call"
+                    self.requests_done, self.requests_total = 0, len(requests)
+                seconds = engine.seconds_for(plan.steps(engine.config), f"measuring {label}", plan.arrivals())
+                (measured,) = engine.call(measure_job, plan, seconds)
+                self.requests_done = len(requests)
+            else:
+                self._begin_run(label, engine, len(requests))
+                measured = plan.run(engine, self.cancel, self._count,
+                                    lambda first, last: [s for s in self.live_steps() if first <= s.time <= last])
             self.engine = None
             self.runs_done += 1
-            return run
+            return MeasuredRun(label=label, config=config, info=measured.info, result=measured.result,
+                               outputs=measured.outputs, steps=measured.steps, started=measured.started,
+                               pieces=measured.pieces)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one measurement returns (plain records: in ZeroGPU mode they come back from the GPU call pickled)."""
+
+    info: EngineInfo
+    result: dict
+    outputs: list[RequestOutput | None]
+    steps: list[StepRecord]
+    started: float
+    pieces: list[list[str]]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measurement's requests and settings, as plain data (what a ZeroGPU call receives)."""
+
+    requests: list[BenchRequest]
+    spec: WorkloadSpec
+    concurrency: int
+    sampling: SamplingParams
+    warmup: bool
+    perplexity: bool
+    goodput_slos: dict | None
+    pieces: bool
+
+    def steps(self, config: EngineConfig) -> float:
+        """About how many engine steps it runs: each wave of `concurrency` requests decodes its longest output (the
+        warm-up is one more wave), prompts are prefilled `max_num_batched_tokens` at a time, and the perplexity's
+        windows are bounded by `zero_gpu.PERPLEXITY_STEPS`."""
+        longest = max((r.max_tokens for r in self.requests), default=0)
+        waves = -(-len(self.requests) // max(1, self.concurrency)) + self.warmup
+        prompts = sum(len(r.prompt) for r in self.requests) / config.max_num_batched_tokens
+        return waves * (1 + longest) + prompts + (PERPLEXITY_STEPS if self.perplexity else 0)
+
+    def arrivals(self) -> float:
+        """Seconds over which the requests arrive (a request rate spreads them)."""
+        return max((r.arrival for r in self.requests), default=0.0)
+
+    def run(self, engine, cancel: threading.Event, on_output: Callable[[int, RequestOutput], None] | None,
+            steps_between: Callable[[float, float], list[StepRecord]]) -> Measured:
+        """Measure on `engine` (the bench's `measure_engine`); `steps_between(first, last)` gives its steps."""
+        sampling = self.sampling
+        outputs: list[RequestOutput | None] = [None] * len(self.requests)
+        last_done = [time.perf_counter()]
+
+        def keep(index: int, output: RequestOutput) -> None:
+            outputs[index], last_done[0] = output, time.perf_counter()
+            if on_output is not None:
+                on_output(index, output)
+
+        result = measure_engine(engine, self.spec, self.concurrency, sampling.temperature, sampling.ignore_eos,
+                                self.warmup, self.perplexity, requests=self.requests, top_p=sampling.top_p,
+                                top_k=sampling.top_k, goodput_slos=self.goodput_slos, cancel=cancel, on_output=keep,
+                                roofline=True,  # the report has the bench CLI's keys
+                                guided=sampling.guided)
+        # the measured window: from the first request sent (after the warm-up) to the last one done
+        first_sent = last_done[0] - result["duration"]
+        pieces = ([token_pieces(engine.tokenizer, o.token_ids if o else []) for o in outputs] if self.pieces
+                  else [])
+        return Measured(engine.info, result, outputs, steps_between(first_sent, last_done[0]), first_sent, pieces)
+
+
+def measure_job(engine, plan: Measurement) -> Iterator[Measured]:
+    """A measurement inside a ZeroGPU call: on the call's own engine, nothing to cancel it but the call's end."""
+    yield plan.run(engine, threading.Event(), None,
+                   lambda first, last: [s for s in engine.step_history(since=first) if s.time <= last])
 
 
 def token_pieces(tokenizer, token_ids: list[int]) -> list[str]:

@@ -130,6 +130,8 @@ class Settings:
     remote_key_envs: frozenset[str] = frozenset()
     public: bool = False
     on_space: bool = False
+    zero_gpu: bool = False
+    zero_gpu_max_seconds: int = 120
     warnings: tuple[str, ...] = ()
 
     @classmethod
@@ -208,6 +210,9 @@ class Settings:
             remote_key_envs=frozenset(_comma_list(env, "PLAYGROUND_REMOTE_KEY_ENVS")),
             public=public,
             on_space=on_space,
+            zero_gpu=(env.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+                      or env.get("PLAYGROUND_ZEROGPU", "").strip().lower() in ("1", "true", "yes")),
+            zero_gpu_max_seconds=_int_env(env, "PLAYGROUND_ZEROGPU_MAX_SECONDS", 120),
             warnings=tuple(warnings),
         )
 
