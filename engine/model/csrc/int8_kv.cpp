@@ -74,13 +74,14 @@ void values_plain(const int8_t* const* values, int64_t count, const int16_t* wei
 // ---- AVX2: 16 pairs a step (vpmaddwd) ----
 //
 // Both paths are templates over STEPS, the vectors of 16-bit lanes one row of `dim` takes, so that a row's query and
-// accumulators stay in registers; `with_steps` picks the instance for the call's `dim`.
+// accumulators stay in registers; `with_constant` picks the instance for the call's `dim`.
 
-template <int MAX_STEPS, typename F>
-PLAYGROUND_INLINE void with_steps(int64_t steps, F&& f) {
+// f.template operator()<N>() for the runtime n in 1..MAX (nothing for other n).
+template <int MAX, typename F>
+PLAYGROUND_INLINE void with_constant(int64_t n, F&& f) {
   [&]<int... S>(std::integer_sequence<int, S...>) {
-    ((steps == S + 1 ? (f.template operator()<S + 1>(), 0) : 0), ...);
-  }(std::make_integer_sequence<int, MAX_STEPS>{});
+    ((n == S + 1 ? (f.template operator()<S + 1>(), 0) : 0), ...);
+  }(std::make_integer_sequence<int, MAX>{});
 }
 
 // Keys [count, dim] sign-extended to int16 rows of `dim`, padded with zero rows to a multiple of 4.
@@ -120,7 +121,7 @@ PLAYGROUND_AVX2 void scores_avx2_steps(const int8_t* const* keys, int64_t count,
 
 void scores_avx2(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
                  int16_t* scratch, int32_t* raw) {
-  with_steps<16>(dim / 16, [&]<int STEPS>() { scores_avx2_steps<STEPS>(keys, count, queries, rows, scratch, raw); });
+  with_constant<16>(dim / 16, [&]<int STEPS>() { scores_avx2_steps<STEPS>(keys, count, queries, rows, scratch, raw); });
 }
 
 // Pairs of keys' values interleaved as int16: for pair p and 16 dimensions from d, one vector "lo" holding
@@ -168,7 +169,7 @@ PLAYGROUND_AVX2 void values_avx2_steps(const int8_t* const* values, int64_t coun
 
 void values_avx2(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
                  int16_t* scratch, int32_t* sums) {
-  with_steps<16>(dim / 16, [&]<int STEPS>() { values_avx2_steps<STEPS>(values, count, weights, rows, scratch, sums); });
+  with_constant<16>(dim / 16, [&]<int STEPS>() { values_avx2_steps<STEPS>(values, count, weights, rows, scratch, sums); });
 }
 
 // ---- AVX-512 VNNI: 32 pairs a step (vpdpwssd) ----
@@ -206,9 +207,51 @@ PLAYGROUND_VNNI void scores_vnni_steps(const int8_t* const* keys, int64_t count,
   }
 }
 
+// For a few query rows (a decode step's rows of one KV head: its group of query heads) widening a chunk into
+// scratch costs as much as the products: each key is widened into registers and used there by every row.
+constexpr int64_t kRegisterVectors = 8;  // ROWS x STEPS of queries (or of value accumulators) kept in registers
+
+template <int STEPS, int ROWS>
+PLAYGROUND_VNNI void scores_vnni_registers(const int8_t* const* keys, int64_t count, const int16_t* queries,
+                                           int32_t* raw) {
+  constexpr int64_t dim = STEPS * 32;
+  __m512i q[ROWS][STEPS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int s = 0; s < STEPS; ++s) q[r][s] = _mm512_loadu_si512(queries + r * dim + s * 32);
+  for (int64_t t = 0; t < count; t += 4) {
+    __m512i k[4][STEPS];
+    for (int j = 0; j < 4; ++j) {
+      const int8_t* key = keys[std::min<int64_t>(t + j, count - 1)];  // past count: a score nobody reads
+      for (int s = 0; s < STEPS; ++s)
+        k[j][s] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(key + s * 32)));
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      __m512i acc[4];
+      for (int j = 0; j < 4; ++j) {
+        acc[j] = _mm512_setzero_si512();
+        for (int s = 0; s < STEPS; ++s) acc[j] = _mm512_dpwssd_epi32(acc[j], k[j][s], q[r][s]);
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(raw + r * kChunkKeys + t), sum4_epi32(acc[0], acc[1], acc[2], acc[3]));
+    }
+  }
+}
+
 void scores_vnni(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
                  int16_t* scratch, int32_t* raw) {
-  with_steps<8>(dim / 32, [&]<int STEPS>() { scores_vnni_steps<STEPS>(keys, count, queries, rows, scratch, raw); });
+  with_constant<8>(dim / 32, [&]<int STEPS>() {
+    if (rows * STEPS > kRegisterVectors) return scores_vnni_steps<STEPS>(keys, count, queries, rows, scratch, raw);
+    with_constant<kRegisterVectors>(rows, [&]<int ROWS>() {
+      if constexpr (ROWS * STEPS <= kRegisterVectors) scores_vnni_registers<STEPS, ROWS>(keys, count, queries, raw);
+    });
+  });
+}
+
+// 32 dimensions' sums in order, from the "lo" and "hi" accumulators of interleaved pairs (below).
+PLAYGROUND_VNNI inline __attribute__((always_inline)) void store_in_order(int32_t* out, __m512i lo, __m512i hi) {
+  const __m512i first_half = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second_half = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  _mm512_storeu_si512(out, _mm512_permutex2var_epi32(lo, first_half, hi));
+  _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi32(lo, second_half, hi));
 }
 
 // As interleave_values_avx2, 32 dimensions at a time: "lo" holds i = 0..3, 8..11, 16..19, 24..27, "hi" the rest.
@@ -233,8 +276,6 @@ PLAYGROUND_VNNI void values_vnni_steps(const int8_t* const* values, int64_t coun
                                        int16_t* scratch, int32_t* sums) {
   constexpr int64_t dim = STEPS * 32;
   interleave_values_vnni<STEPS>(values, count, scratch);
-  const __m512i first_half = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second_half = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int64_t r = 0; r < rows; ++r) {
     __m512i lo[STEPS], hi[STEPS];
     for (int s = 0; s < STEPS; ++s) lo[s] = hi[s] = _mm512_setzero_si512();
@@ -246,16 +287,45 @@ PLAYGROUND_VNNI void values_vnni_steps(const int8_t* const* values, int64_t coun
         hi[s] = _mm512_dpwssd_epi32(hi[s], _mm512_loadu_si512(from + 2 * s * 32 + 32), w);
       }
     }
+    for (int s = 0; s < STEPS; ++s) store_in_order(sums + r * dim + s * 32, lo[s], hi[s]);
+  }
+}
+
+// values_vnni_steps for a few rows: each pair of value rows interleaved in registers and used there by every row.
+template <int STEPS, int ROWS>
+PLAYGROUND_VNNI void values_vnni_registers(const int8_t* const* values, int64_t count, const int16_t* weights,
+                                           int32_t* sums) {
+  constexpr int64_t dim = STEPS * 32;
+  __m512i lo[ROWS][STEPS], hi[ROWS][STEPS];
+  for (int r = 0; r < ROWS; ++r)
+    for (int s = 0; s < STEPS; ++s) lo[r][s] = hi[r][s] = _mm512_setzero_si512();
+  for (int64_t t = 0; t < count; t += 2) {
+    const int8_t* first = values[t];
+    const int8_t* second = pair_partner(values, t, count);
+    __m512i w[ROWS];
+    for (int r = 0; r < ROWS; ++r) w[r] = _mm512_set1_epi32(weight_pair(weights + r * kChunkKeys + t));
     for (int s = 0; s < STEPS; ++s) {
-      _mm512_storeu_si512(sums + r * dim + s * 32, _mm512_permutex2var_epi32(lo[s], first_half, hi[s]));
-      _mm512_storeu_si512(sums + r * dim + s * 32 + 16, _mm512_permutex2var_epi32(lo[s], second_half, hi[s]));
+      const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + s * 32)));
+      const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + s * 32)));
+      const __m512i pairs_lo = _mm512_unpacklo_epi16(a, b), pairs_hi = _mm512_unpackhi_epi16(a, b);
+      for (int r = 0; r < ROWS; ++r) {
+        lo[r][s] = _mm512_dpwssd_epi32(lo[r][s], pairs_lo, w[r]);
+        hi[r][s] = _mm512_dpwssd_epi32(hi[r][s], pairs_hi, w[r]);
+      }
     }
   }
+  for (int r = 0; r < ROWS; ++r)
+    for (int s = 0; s < STEPS; ++s) store_in_order(sums + r * dim + s * 32, lo[r][s], hi[r][s]);
 }
 
 void values_vnni(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
                  int16_t* scratch, int32_t* sums) {
-  with_steps<8>(dim / 32, [&]<int STEPS>() { values_vnni_steps<STEPS>(values, count, weights, rows, scratch, sums); });
+  with_constant<8>(dim / 32, [&]<int STEPS>() {
+    if (rows * STEPS > kRegisterVectors) return values_vnni_steps<STEPS>(values, count, weights, rows, scratch, sums);
+    with_constant<kRegisterVectors>(rows, [&]<int ROWS>() {
+      if constexpr (ROWS * STEPS <= kRegisterVectors) values_vnni_registers<STEPS, ROWS>(values, count, weights, sums);
+    });
+  });
 }
 
 #endif  // PLAYGROUND_X86_LEVELS

@@ -104,12 +104,13 @@ CHUNK_KEYS = 32
 
 @pytest.mark.parametrize("dim", [32, 64, 96, 128, 256])
 @pytest.mark.parametrize("count", [1, 3, 4, 7, 16, 17, 31, CHUNK_KEYS])
-def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count):
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_int8_pool_chunk_sums_are_exact_integers_at_every_level(dim, count, rows):
     """The integer path of int8 attention (csrc/int8_kv.cpp): a chunk's scores (int16 queries times int8 keys) and
     its weighted sums of values (int16 weights times int8 values) equal torch's integer matmuls exactly, at every
-    level (VNNI, AVX2, plain), for odd key counts (the last pair's partner weighs 0) and the extreme values."""
-    generator = torch.Generator().manual_seed(dim + count)
-    rows = 5
+    level (VNNI, AVX2, plain), for odd key counts (the last pair's partner weighs 0) and the extreme values; for a
+    few query rows (VNNI keeps keys and sums in registers) and for more (through a widened scratch)."""
+    generator = torch.Generator().manual_seed(dim + count + rows)
     keys = torch.randint(-128, 128, (count, dim + 4), dtype=torch.int8, generator=generator)
     values = torch.randint(-128, 128, (count, dim + 4), dtype=torch.int8, generator=generator)
     keys[0, :dim], values[0, :dim] = -128, -128  # the largest products the bounds allow
