@@ -19,6 +19,7 @@ from engine.errors import ConfigError, EngineError, ModelLoadError, RemoteError,
 from engine.hub import ModelEntry, hub_repo, list_models, load_tokenizer, resolve_model_path
 from engine.info import EngineInfo, EngineStats, StepRecord
 from engine.library_logs import drop_unactionable_library_logs
+from engine.model.weights import hold_checkpoint, release_checkpoint
 from engine.overrides import parse_sets
 from engine.plan import EnginePlan, plan_engine
 from engine.preload import import_serving_modules
@@ -48,7 +49,8 @@ __all__ = ["AddressPolicy", "AllowedBase", "BenchRequest", "CHOICES", "ConfigErr
            "RemoteTimeouts", "RequestError", "RequestMetrics", "RequestOutput", "RooflineReport", "SamplingParams",
            "SelfCheck", "StepRecord", "StreamDelta", "SurgeSpec", "TokenLogprob", "WorkloadSpec", "bench_report",
            "build_workload", "check_goodput_slos", "choice_note", "describe_device", "device_ceilings",
-           "encode_prompt", "engine_roofline", "estimate_memory", "export_command", "format_export", "hub_repo",
-           "import_serving_modules", "list_models", "list_presets", "load_preset", "load_tokenizer", "measure_engine",
-           "open_engine", "parse_sets", "plan_engine", "preset_description", "project_hardware", "resolve_dataset",
-           "resolve_model_path", "self_check", "tensor_parallel_reason", "unavailable_reason"]
+           "encode_prompt", "engine_roofline", "estimate_memory", "export_command", "format_export",
+           "hold_checkpoint", "hub_repo", "import_serving_modules", "list_models", "list_presets", "load_preset",
+           "load_tokenizer", "measure_engine", "open_engine", "parse_sets", "plan_engine", "preset_description",
+           "project_hardware", "release_checkpoint", "resolve_dataset", "resolve_model_path", "self_check",
+           "tensor_parallel_reason", "unavailable_reason"]

@@ -122,9 +122,9 @@ def remote_policy(settings: Settings) -> AddressPolicy:
 
 
 def engine_size_bytes(engine) -> int:
-    """What an engine holds while pooled (a ZeroGPU mode engine holds no weights or KV pool between its calls)."""
+    """What an engine holds while pooled (a ZeroGPU mode engine holds its checkpoint in CPU memory, no KV pool)."""
     if isinstance(engine, ZeroGpuEngine):
-        return 0
+        return engine.held_bytes
     stats = engine.stats()
     return stats.weights_bytes + stats.kv_cache_bytes
 

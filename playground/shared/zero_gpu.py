@@ -1,17 +1,19 @@
 """ZeroGPU mode: engine work runs inside a GPU acquisition (`spaces.GPU`), one call per reply or measurement.
 
-Why: a ZeroGPU Space attaches a GPU slice only while a function decorated with `spaces.GPU` runs, in a worker
-forked from the server that receives its arguments and returns its results (or each yield) pickled through queues.
-Nothing of a call survives it for certain (a worker may be reused, nothing guarantees it), and the server's own
-process must never touch CUDA. So the pool keeps, per configuration, a `ZeroGpuEngine`: what needs no weights
-(the plan, the tokenizer, prompt encoding) in the server, and the last figures a call sent back (`EngineInfo`,
-`EngineStats`, step records), so the panel and the charts keep showing them between calls. Each reply,
-measurement or check runs as one call: the worker builds the engine from the checkpoint (its loop thread, KV pool,
-prefix cache, CUDA graphs and step history are new each time: no prefix is cached across turns), runs one job,
-closes it and sends back plain records. What needs worker processes or a long-lived engine is refused with the
-reason (`refusal`). Each call asks for a duration computed from the request: the steps it will run times this
-configuration's measured step time (an estimate before the first call), plus its measured load time, with a margin;
-past `Settings.zero_gpu_max_seconds` it is refused before it starts.
+Why: a ZeroGPU Space attaches a GPU slice only while a function decorated with `spaces.GPU` runs, in a worker forked
+from the server that receives its arguments and returns its results (or each yield) pickled through queues. Nothing
+of a call survives it for certain (a worker may be reused, nothing guarantees it), and the server's own process must
+never touch CUDA. So the pool keeps, per configuration, a `ZeroGpuEngine`: what needs no device (the plan, the
+tokenizer, prompt encoding, the checkpoint in CPU memory) in the server, and the last figures a call sent back
+(`EngineInfo`, `EngineStats`, step records), so the panel and the charts keep showing them between calls. Each
+reply, measurement or check runs as one call. The worker builds the engine from the checkpoint the server read into
+CPU memory once, when it opened the configuration (`hold_checkpoint`: the forked worker inherits it and only moves
+it to its device); the engine's loop thread, KV pool, prefix cache, CUDA graphs and step history are new each time
+(no prefix is cached across turns). It runs one job, closes the engine and sends back plain records. What needs
+worker processes or a long-lived engine is refused with the reason (`refusal`). Each call asks for a duration
+computed from the request: the steps it will run times this configuration's measured step time (an estimate before
+the first call), plus its measured load time, with a margin; past `Settings.zero_gpu_max_seconds` it is refused
+before it starts.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ from engine import (
     SamplingParams,
     StepRecord,
     encode_prompt,
+    hold_checkpoint,
     load_tokenizer,
     plan_engine,
+    release_checkpoint,
     self_check,
 )
 from playground.shared.errors import Refused
@@ -155,7 +159,7 @@ class ZeroGpu:
 
 
 class ZeroGpuEngine:
-    """One configuration in ZeroGPU mode: the parts that need no weights here, the rest one GPU call at a time.
+    """One configuration in ZeroGPU mode: the parts that need no device here, the rest one GPU call at a time.
 
     It answers what the pool's users read of an engine (`info`, `stats()`, `step_history()`, `tokenizer`, `encode`,
     `stream`, `generate`, `perplexity`) from the calls' snapshots; what needs an engine that stays loaded
@@ -167,6 +171,12 @@ class ZeroGpuEngine:
         self.plan = plan_engine(config)  # downloads a hub model here, on the CPU, not inside a timed call
         self.config = self.plan.config
         self.tokenizer = load_tokenizer(self.plan.path)
+        # The native model's checkpoint (and its draft's) in CPU memory: each call's worker inherits it and only
+        # moves it to its device.
+        self.held_paths = [self.plan.path, *([self.plan.draft.path] if self.plan.draft else [])]
+        if self.plan.backend != "native":
+            self.held_paths = []
+        self.held_bytes = sum(hold_checkpoint(path) for path in self.held_paths)
         self._prompts = PromptEncoder(self.tokenizer) if self.tokenizer is not None else None
         self._lock = threading.Lock()
         self._steps: deque[StepRecord] = deque(maxlen=STEP_HISTORY)
@@ -177,7 +187,7 @@ class ZeroGpuEngine:
         self.info: EngineInfo | None = None  # the last call's engine (the check below sets it)
         self.checked = self._one(check_job, None, CHECK_STEPS, "the start-up check")
 
-    # ----- what needs no weights ----------------------------------------------------------------------------------
+    # ----- what needs no device -----------------------------------------------------------------------------------
 
     @property
     def renders_tools(self) -> bool:
@@ -194,7 +204,10 @@ class ZeroGpuEngine:
             return [step for step in self._steps if step.time > since]
 
     def close(self) -> None:
-        """Nothing to free here: each call closed its own engine."""
+        """Lets go of the checkpoints held in memory (each call closed its own engine)."""
+        for path in self.held_paths:
+            release_checkpoint(path)
+        self.held_paths = []
 
     # ----- durations ---------------------------------------------------------------------------------------------
 

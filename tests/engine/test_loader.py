@@ -9,9 +9,18 @@ import shutil
 import pytest
 from transformers import AutoModelForCausalLM
 
-from engine import Engine, EngineConfig, ModelLoadError, RequestError, SamplingParams
+from engine import (
+    Engine,
+    EngineConfig,
+    ModelLoadError,
+    RequestError,
+    SamplingParams,
+    hold_checkpoint,
+    release_checkpoint,
+)
 from engine.hub import list_models, resolve_model_path
 from engine.model.weights import safetensors_files
+from tests.support.tiny_models import build_tiny_model
 
 
 def test_sharded_checkpoint_loads_and_matches(tiny_llama_dir, tmp_path):
@@ -77,3 +86,33 @@ def test_info_describes_the_loaded_model(tiny_model_dirs):
                                      AutoModelForCausalLM.from_pretrained(tiny_model_dirs["qwen3-qk-norm"]).parameters())
     assert info.dtype == "float32" and info.load_seconds > 0
     assert json.dumps(dataclasses.asdict(info))
+
+
+def test_a_held_checkpoint_is_read_from_memory_until_its_last_release(tiny_llama_dir, tmp_path):
+    """hold_checkpoint (ZeroGPU mode's model on the CPU): while held, loads read the tensors held in memory, not the
+    files; each hold needs its release, and after the last one loads read the files again. Shown by replacing the
+    file with another model's weights while it is held."""
+    from safetensors.torch import load_file
+
+    folder, other = tmp_path / "model", tmp_path / "other"
+    shutil.copytree(tiny_llama_dir, folder)
+    build_tiny_model("llama-gqa", other, seed=1)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+
+    def greedy(path) -> list[int]:
+        with Engine(EngineConfig(model=str(path))) as engine:
+            return engine.generate([4, 5, 6], params)[0].token_ids
+
+    original, replaced = greedy(folder), greedy(other)
+    assert original != replaced
+    held_bytes = sum(t.numel() * t.element_size() for t in load_file(folder / "model.safetensors").values())
+    assert hold_checkpoint(folder) == held_bytes
+    assert hold_checkpoint(folder) == held_bytes  # a second holder
+    try:
+        shutil.copy(other / "model.safetensors", folder / "model.safetensors")
+        assert greedy(folder) == original
+        release_checkpoint(folder)
+        assert greedy(folder) == original  # the other holder still holds it
+    finally:
+        release_checkpoint(folder)
+    assert greedy(folder) == replaced
