@@ -10,6 +10,7 @@ it to a few minutes on two cores.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -104,16 +105,23 @@ def test_every_tab_shows_at_wide_and_narrow_widths(served, browser, shots, width
 LAST_TURN = "(document.querySelector('#chart-ttft .hrow:last-of-type') || {dataset: {turn: 0}}).dataset.turn"
 
 
+# The label of the TTFT chart's newest row ("#N config ..."), or "" before any.
+LAST_TTFT_LABEL = "(Array.from(document.querySelectorAll('#chart-ttft .hrow .hlabel')).pop()?.innerText ?? '')"
+
+
 def ask(page) -> str:
     """Clear the chat, send a short question and return the label of its TTFT row once the reply finished."""
     page.click("#clear")
     page.wait_for_function("document.querySelectorAll('#chat [data-testid=bot]').length == 0", timeout=30_000)
     turn = page.evaluate(LAST_TURN)
+    last_row = page.evaluate(LAST_TTFT_LABEL)
     page.fill("#message textarea", "What is a KV block?")
     page.press("#message textarea", "Enter")
     page.wait_for_function(f"{LAST_TURN} > {turn} && "
                            "!document.querySelector('#chat .thinking, #chat .msg-figures.live')", timeout=90_000)
-    return page.locator("#chart-ttft .hrow .hlabel").last.inner_text()
+    # The chart refreshes apart from the reply (a loaded machine shows the reply first): wait for this reply's row.
+    page.wait_for_function(f"{LAST_TTFT_LABEL} !== {json.dumps(last_row)}", timeout=30_000)
+    return page.evaluate(LAST_TTFT_LABEL)
 
 
 def apply_and_ask(page) -> str:
