@@ -236,14 +236,22 @@ PLAYGROUND_VNNI void scores_vnni_registers(const int8_t* const* keys, int64_t co
   }
 }
 
-void scores_vnni(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
-                 int16_t* scratch, int32_t* raw) {
+// registers.template operator()<STEPS, ROWS>() where ROWS x STEPS vectors fit kRegisterVectors, else
+// scratch.template operator()<STEPS>(), for `dim` = STEPS x 32.
+template <typename Scratch, typename Registers>
+PLAYGROUND_INLINE void by_rows(int64_t rows, int64_t dim, Scratch&& scratch, Registers&& registers) {
   with_constant<8>(dim / 32, [&]<int STEPS>() {
-    if (rows * STEPS > kRegisterVectors) return scores_vnni_steps<STEPS>(keys, count, queries, rows, scratch, raw);
+    if (rows * STEPS > kRegisterVectors) return scratch.template operator()<STEPS>();
     with_constant<kRegisterVectors>(rows, [&]<int ROWS>() {
-      if constexpr (ROWS * STEPS <= kRegisterVectors) scores_vnni_registers<STEPS, ROWS>(keys, count, queries, raw);
+      if constexpr (ROWS * STEPS <= kRegisterVectors) registers.template operator()<STEPS, ROWS>();
     });
   });
+}
+
+void scores_vnni(const int8_t* const* keys, int64_t count, const int16_t* queries, int64_t rows, int64_t dim,
+                 int16_t* scratch, int32_t* raw) {
+  by_rows(rows, dim, [&]<int STEPS>() { scores_vnni_steps<STEPS>(keys, count, queries, rows, scratch, raw); },
+          [&]<int STEPS, int ROWS>() { scores_vnni_registers<STEPS, ROWS>(keys, count, queries, raw); });
 }
 
 // 32 dimensions' sums in order, from the "lo" and "hi" accumulators of interleaved pairs (below).
@@ -320,12 +328,8 @@ PLAYGROUND_VNNI void values_vnni_registers(const int8_t* const* values, int64_t 
 
 void values_vnni(const int8_t* const* values, int64_t count, const int16_t* weights, int64_t rows, int64_t dim,
                  int16_t* scratch, int32_t* sums) {
-  with_constant<8>(dim / 32, [&]<int STEPS>() {
-    if (rows * STEPS > kRegisterVectors) return values_vnni_steps<STEPS>(values, count, weights, rows, scratch, sums);
-    with_constant<kRegisterVectors>(rows, [&]<int ROWS>() {
-      if constexpr (ROWS * STEPS <= kRegisterVectors) values_vnni_registers<STEPS, ROWS>(values, count, weights, sums);
-    });
-  });
+  by_rows(rows, dim, [&]<int STEPS>() { values_vnni_steps<STEPS>(values, count, weights, rows, scratch, sums); },
+          [&]<int STEPS, int ROWS>() { values_vnni_registers<STEPS, ROWS>(values, count, weights, sums); });
 }
 
 #endif  // PLAYGROUND_X86_LEVELS
