@@ -37,7 +37,14 @@ from engine.tools.measure import bench_report, measure_engine
 from engine.tools.roofline import DeviceCeilings, PhasePoint, RooflineReport, device_ceilings, engine_roofline
 from engine.tools.self_check import SelfCheck, self_check
 from engine.tools.what_if import project_hardware
-from engine.tools.workloads import BenchRequest, SurgeSpec, WorkloadSpec, build_workload, resolve_dataset
+from engine.tools.workloads import (
+    BenchRequest,
+    SurgeSpec,
+    WorkloadSpec,
+    build_workload,
+    resolve_dataset,
+    surge_requests,
+)
 
 drop_unactionable_library_logs()
 
@@ -53,4 +60,4 @@ __all__ = ["AddressPolicy", "AllowedBase", "BenchRequest", "CHOICES", "ConfigErr
            "hold_checkpoint", "hub_repo", "import_serving_modules", "list_models", "list_presets", "load_preset",
            "load_tokenizer", "measure_engine", "open_engine", "parse_sets", "plan_engine", "preset_description",
            "project_hardware", "release_checkpoint", "resolve_dataset", "resolve_model_path", "self_check",
-           "tensor_parallel_reason", "unavailable_reason"]
+           "surge_requests", "tensor_parallel_reason", "unavailable_reason"]

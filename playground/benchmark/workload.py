@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import SurgeSpec, WorkloadSpec
+from engine import WorkloadSpec
 from playground.shared.chat_messages import MAX_MESSAGES, parse_messages
 from playground.shared.errors import Refused
 from playground.shared.settings import Settings
+from playground.shared.surge import parse_surge
 from playground.shared.values import parse_int, parse_real
 
 DATASETS = ("random", "chat", "upload")
@@ -95,23 +96,6 @@ def _upload_path(settings: Settings, upload) -> str:
         except Refused as refusal:
             raise Refused(f"line {number} of the uploaded file: {refusal}") from None
     return str(path)
-
-
-def parse_surge(settings: Settings, value, chat_output_len: int) -> SurgeSpec | None:
-    """COUNT:INPUT:OUTPUT (empty: no surge): that many random prompts of INPUT tokens asking OUTPUT tokens each,
-    released once the other requests have streamed half their output tokens (the bench's `--surge` default)."""
-    text = value.strip() if isinstance(value, str) else None
-    if text is None:
-        raise Refused("surge must be COUNT:INPUT:OUTPUT (e.g. 8:512:32), or empty for none")
-    if not text:
-        return None
-    parts = text.split(":")
-    if len(parts) != 3:
-        raise Refused(f"surge must be COUNT:INPUT:OUTPUT (e.g. 8:512:32), or empty for none; got {text!r}")
-    count = parse_int("surge count", parts[0], 1, settings.max_bench_requests)
-    input_len = parse_int("surge input tokens", parts[1], 1, settings.max_prompt_tokens)
-    output_len = parse_int("surge output tokens", parts[2], 1, settings.max_new_tokens)
-    return SurgeSpec(count, input_len, output_len, after_tokens=chat_output_len // 2)
 
 
 def parse_workload(settings: Settings, dataset, upload, num_requests, concurrency, request_rate, input_tokens,

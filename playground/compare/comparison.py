@@ -11,10 +11,11 @@ the bench's own (`engine.measure_engine`), under its key names.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Iterator
 
-from engine import BenchRequest, RequestOutput
+from engine import BenchRequest, RequestOutput, surge_requests
 from playground.compare.request import CompareRequest
 from playground.figures.configuration import config_summary
 from playground.figures.run_charts import Timeline
@@ -40,7 +41,16 @@ FIGURES = (
     ("guided_mask_ms", "guided mask per token (ms)", "lower"),
     ("guided_mask_share", "guided mask, share of TPOT", "lower"),
 )
-FIGURE_KEYS = tuple(key for key, _, _ in FIGURES)
+# With a surge: the prompts' replies (the chat users) during the surge and outside it, and the surge's own
+# first tokens (the bench's class figures, engine/tools/surge.py).
+SURGE_FIGURES = (
+    ("chat_p99_itl_during_surge_ms", "prompts' p99 token gap during the surge (ms)", "lower"),
+    ("chat_p99_itl_outside_surge_ms", "prompts' p99 token gap outside it (ms)", "lower"),
+    ("chat_p99_ttft_ms", "prompts' p99 TTFT (ms)", "lower"),
+    ("surge_p99_ttft_ms", "surge p99 TTFT (ms)", "lower"),
+    ("surge_completed", "surge requests completed", None),
+)
+FIGURE_KEYS = tuple(key for key, _, _ in FIGURES + SURGE_FIGURES)
 # the sampling settings a comparison reports (both sides used them)
 REPORTED_SAMPLING = ("temperature", "top_p", "top_k", "seed", "ignore_eos", "max_tokens")
 
@@ -116,14 +126,29 @@ class Comparisons:
             has_template = bool(getattr(tokenizer, "chat_template", None))
             ids = [fit_prompt(engine.encode, has_template, "", [], prompt, max_model_len, request.sampling.max_tokens,
                               settings.max_prompt_tokens).token_ids for prompt in request.prompts]
-            tokens = request.repeats * len(request.sides) * sum(len(i) + request.sampling.max_tokens for i in ids)
+            chat = [BenchRequest(i, request.sampling.max_tokens, 0.0) for i in ids]
+            surge = self._surge(request, engine, len(chat))
+            tokens = request.repeats * len(request.sides) * sum(len(r.prompt) + r.max_tokens for r in chat + surge)
             if tokens > settings.max_bench_tokens:
                 raise Refused(f"this comparison would process about {tokens:,} tokens, over this server's cap of "
                               f"{settings.max_bench_tokens:,} (PLAYGROUND_MAX_BENCH_TOKENS): fewer prompts, repeats "
                               "or max_tokens")
-            return [BenchRequest(i, request.sampling.max_tokens, 0.0) for i in ids]
+            return chat + surge
 
         return build
+
+    @staticmethod
+    def _surge(request: CompareRequest, engine, num_chat: int) -> list[BenchRequest]:
+        """The surge's random prompts for this engine's vocabulary (the same on every side: one seed), each held
+        until the prompts' replies have streamed half their tokens in all (as the bench's `--surge`)."""
+        surge = request.surge
+        if surge is None:
+            return []
+        if surge.input_len + surge.output_len > engine.info.max_model_len:
+            raise Refused(f"a surge prompt of {surge.input_len} tokens asking {surge.output_len} does not fit this "
+                          f"model's context of {engine.info.max_model_len} tokens")
+        return surge_requests(random.Random(request.sampling.seed), surge, engine.info.vocab_size,
+                              surge.after_tokens * num_chat)
 
     def _work(self, request: CompareRequest):
         def work(job: MeasurementJob) -> list[dict[str, MeasuredRun]]:
@@ -178,15 +203,18 @@ class Comparisons:
                 "guided": side.guided.kind if side.guided is not None else None,
                 "perplexity_reference": getattr(self.context.references.cached(run.config.model), "perplexity",
                                                 None),
-                "outputs": [o.text if o else "" for o in run.outputs],
-                "finish_reasons": [o.finish_reason if o else "cancelled" for o in run.outputs],
-                "output_tokens": [len(o.token_ids) if o else 0 for o in run.outputs],
+                "outputs": [o.text if o else "" for o in run.outputs[:len(request.prompts)]],
+                "finish_reasons": [o.finish_reason if o else "cancelled" for o in run.outputs[:len(request.prompts)]],
+                "output_tokens": [len(o.token_ids) if o else 0 for o in run.outputs[:len(request.prompts)]],
                 "pieces": run.pieces,
             })
         outcome["differences"] = [
             {label: token_differences(first["A"].pieces[index], first[label].pieces[index]) for label in labels[1:]}
             for index in range(len(request.prompts))]
+        surge = request.surge
         outcome.update({"labels": labels, "prompts": list(request.prompts), "rounds": len(rounds),
+                        "surge": {"count": surge.count, "input_len": surge.input_len, "output_len": surge.output_len,
+                                  "after_tokens": surge.after_tokens} if surge else None,
                         "orders": [list(r) for r in rounds], "cancelled": job.cancel.is_set(),
                         # each run's measured window (first request sent, last one done), seconds since the job began
                         "windows": [{label: [run.started - job.started, run.started + run.elapsed - job.started]

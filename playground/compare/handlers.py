@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 import gradio as gr
 
 from playground.compare.chat_both import ChatWithBoth
-from playground.compare.comparison import FIGURES, Comparisons
+from playground.compare.comparison import FIGURES, SURGE_FIGURES, Comparisons
 from playground.compare.request import BASELINE, CompareRequest, ComparisonParser, parse_baseline
 from playground.figures.configuration import check_html, config_summary
 from playground.figures.conversation_views import render_chat
@@ -28,7 +28,7 @@ from playground.shared.session import Session, pack
 
 INPUTS = ("cmp_a_source", "cmp_a_changes", "cmp_b_source", "cmp_b_changes", "cmp_prompts", "cmp_max_tokens",
           "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed", "cmp_repeats", "cmp_baseline", "cmp_perplexity",
-          "cmp_structured", "cmp_structured_spec", "cmp_structured_sides")
+          "cmp_structured", "cmp_structured_spec", "cmp_structured_sides", "cmp_surge")
 SIDE_INPUTS = ("cmp_a_source", "cmp_a_changes", "cmp_b_source", "cmp_b_changes", "cmp_baseline")
 STRUCTURED_INPUTS = ("cmp_structured", "cmp_structured_spec", "cmp_structured_sides")
 CHAT_INPUTS = ("cmp_message", *SIDE_INPUTS, "cmp_max_tokens", "cmp_temperature", "cmp_top_p", "cmp_top_k", "cmp_seed",
@@ -111,7 +111,8 @@ class CompareHandlers:
             f"done in {job.seconds:.1f} s"
         yield pack(RUN_OUTPUTS, {
             "cmp_status": notice_html("info" if outcome["cancelled"] else "ok", status),
-            "cmp_table": compare_table_html(outcome, FIGURES), "cmp_outputs": compare_outputs_html(outcome),
+            "cmp_table": compare_table_html(outcome, FIGURES + SURGE_FIGURES if outcome["surge"] else FIGURES),
+            "cmp_outputs": compare_outputs_html(outcome),
             "cmp_run": idle,
             **dict(zip(CHART_OUTPUTS, run_charts_html(self.comparisons.timelines(job)), strict=True)),
         })
@@ -121,7 +122,7 @@ class CompareHandlers:
         self.comparisons.stop(session)
 
     def api_compare(self, a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k,
-                    seed, repeats, baseline, perplexity, structured, structured_spec, structured_sides,
+                    seed, repeats, baseline, perplexity, structured, structured_spec, structured_sides, surge,
                     session) -> Iterator[dict]:
         """`/compare` for API clients: its progress while it waits for the measurement slot and runs
         (`MeasurementJob.progress`: phase, measurements ahead, requests done), then the finished comparison as plain
@@ -133,7 +134,7 @@ class CompareHandlers:
         try:
             request = self.parser.parse(a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature,
                                         top_p, top_k, seed, repeats, baseline, perplexity, structured,
-                                        structured_spec, structured_sides, session.config.to_dict())
+                                        structured_spec, structured_sides, surge, session.config.to_dict())
             for job in self.comparisons.run(request, session):
                 if job.done.is_set():
                     break

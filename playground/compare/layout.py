@@ -28,7 +28,8 @@ TOOLTIPS = {"cmp-a-source": "compare_side", "cmp-b-source": "compare_side", "cmp
             "cmp-temperature": "temperature", "cmp-top-p": "top_p", "cmp-top-k": "top_k", "cmp-seed": "sample_seed",
             "cmp-repeats": "compare_repeats", "cmp-baseline": "compare_baseline",
             "cmp-perplexity": "compare_perplexity", "cmp-chat": "chat_both", "cmp-structured": "structured_output",
-            "cmp-structured-spec": "structured_spec", "cmp-structured-sides": "compare_structured_sides"}
+            "cmp-structured-spec": "structured_spec", "cmp-structured-sides": "compare_structured_sides",
+            "cmp-surge": "compare_surge"}
 
 
 def baseline_choices() -> list[str]:
@@ -77,6 +78,8 @@ def build_compare_tab(context: PlaygroundContext, ui: dict) -> None:
                                          info="a reference engine on A's model, every other field at its default",
                                          elem_id="cmp-baseline")
         ui["cmp_perplexity"] = gr.Checkbox(False, label="measure perplexity", elem_id="cmp-perplexity")
+        ui["cmp_surge"] = gr.Textbox("", label="surge", elem_id="cmp-surge", max_length=40,
+                                     placeholder="COUNT:INPUT:OUTPUT, e.g. 8:512:32 (empty = none)")
         ui["cmp_run"] = gr.Button("Run comparison", variant="primary", elem_id="cmp-run")
         ui["cmp_stop"] = gr.Button("Stop", variant="stop", elem_id="cmp-stop")
     ui["cmp_status"] = gr.HTML(elem_id="cmp-status")

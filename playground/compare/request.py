@@ -1,5 +1,6 @@
 """A comparison as asked for: each side's configuration (the engine panel or a preset, then its changes), the
-optional transformers baseline, the prompts and the sampling both sides share, parsed and validated.
+optional transformers baseline, the prompts and the sampling both sides share, and an optional surge of long prompts
+sent into the replies (the workload prefill/decode disaggregation is for), parsed and validated.
 
 Why a module: the tab's controls, the live line under each side and `/compare` all read a comparison the
 same way, and refuse a bad one with one clear message before anything runs. What "engine panel" means
@@ -12,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from engine import EngineConfig, EngineError, GuidedDecoding, SamplingParams, parse_sets
+from engine import EngineConfig, EngineError, GuidedDecoding, SamplingParams, SurgeSpec, parse_sets
 from playground.shared.configs import default_config, preset_config
 from playground.shared.context import PlaygroundContext
 from playground.shared.errors import Refused
 from playground.shared.sampling import parse_sampling
 from playground.shared.structured_output import parse_structured_output
+from playground.shared.surge import parse_surge
 from playground.shared.values import parse_int
 
 PANEL = "engine panel"
@@ -58,6 +60,7 @@ class CompareRequest:
     sampling: SamplingParams  # max_tokens and every sampling setting, seed always set (each side adds its guided)
     repeats: int
     perplexity: bool
+    surge: SurgeSpec | None = None  # long prompts sent once the prompts' replies are half streamed
 
 
 def parse_changes(text) -> dict:
@@ -152,7 +155,7 @@ class ComparisonParser:
         return tuple(sides)
 
     def parse(self, a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k, seed,
-              repeats, baseline, perplexity, structured, structured_spec, structured_sides,
+              repeats, baseline, perplexity, structured, structured_spec, structured_sides, surge,
               panel: dict) -> CompareRequest:
         """The comparison asked for, or Refused naming the first bad value. `panel` is what "engine panel" means:
         the panel's values on the page, the session's active configuration for API clients."""
@@ -164,4 +167,5 @@ class ComparisonParser:
             raise Refused("perplexity must be true or false")
         return CompareRequest(sides=sides, prompts=parse_prompts(prompts, settings.max_message_chars),
                               sampling=replace(params, seed=params.seed or 0),
-                              repeats=parse_int("repeats", repeats, 1, MAX_COMPARE_REPEATS), perplexity=perplexity)
+                              repeats=parse_int("repeats", repeats, 1, MAX_COMPARE_REPEATS), perplexity=perplexity,
+                              surge=parse_surge(settings, surge, params.max_tokens))

@@ -182,6 +182,10 @@ TOGGLES = {
     "compare_repeats": Entry("repeats", "How many times each side runs the prompts; the order alternates (A, B, "
                              "then B, A) and the table shows the median and the spread.", "more repeats average out "
                              "a noisy machine and take longer."),
+    "compare_surge": Entry("surge (Compare)", "COUNT random prompts of INPUT tokens asking OUTPUT tokens each, sent "
+                           "to each side once its replies to the prompts are half streamed (the Benchmark's surge).",
+                           "A against B on what disaggregation is for: the table adds the prompts' p99 token gap "
+                           "during the surge and outside it, and the surge's p99 TTFT."),
     "compare_structured_sides": Entry("structured output for", "Which sides send the structured output: B alone (A "
                                       "answers the same messages without the grammar, beside it), or A and B (two "
                                       "configurations under the same grammar; the baseline follows A).", ""),

@@ -104,7 +104,7 @@ def gradio_bases(app) -> dict[str, list]:
         "chat": ["What is os.path?", "", 2, 0.0, 1.0, 0, "", [], None],
         "clear": [None], "export": [None], "cancel_benchmark": [None],
         "compare": ["engine panel", "", "engine panel", "", "What is os.path?", 1, 0.0, 1.0, 0, 0, 1, False, False,
-                    "off", "", "B", None],
+                    "off", "", "B", "", None],
         "benchmark": ["random", None, 1, 1, 0, "4", "1", 0, True, 0, 0, 0, "", None],
         "roofline": [False, None],
     }

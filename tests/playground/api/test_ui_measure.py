@@ -39,9 +39,10 @@ def client(running_app):
 
 
 def compare(api, a_source="engine panel", a_changes="", b_source="engine panel", b_changes="", prompts=PROMPTS,
-            max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, repeats=1, baseline=False, perplexity=False):
+            max_tokens=8, temperature=0.0, top_p=1.0, top_k=0, seed=0, repeats=1, baseline=False, perplexity=False,
+            surge=""):
     return api.predict(a_source, a_changes, b_source, b_changes, prompts, max_tokens, temperature, top_p, top_k, seed,
-                       repeats, baseline, perplexity, api_name="/compare")
+                       repeats, baseline, perplexity, "off", "", "B", surge, api_name="/compare")
 
 
 def benchmark(api, dataset="random", upload=None, requests=6, concurrency=0, request_rate=0, input_tokens="16",
@@ -150,7 +151,7 @@ def test_stop_ends_a_comparison_cleanly_with_the_runs_that_finished(running_app)
     session = app.new_session()
     prompts = "\n".join(f"Tell me about module number {n}." for n in range(8))
     request = compare.parser.parse("engine panel", "", "static", "", prompts, 256, 0.0, 1.0, 0, 0, 3, True, False,
-                                   "off", "", "B", session.config.to_dict())
+                                   "off", "", "B", "", session.config.to_dict())
     jobs = compare.comparisons.run(request, session)
     job = next(jobs)
     while job.phase != "running" or job.requests_done < 1:
@@ -174,7 +175,27 @@ def test_compare_refuses_bad_input_with_one_clear_message(running_app):
         compare(api, prompts="  \n ")
     with pytest.raises(AppError, match="repeats must be between 1 and 5"):
         compare(api, repeats=9)
+    with pytest.raises(AppError, match="surge must be COUNT:INPUT:OUTPUT"):
+        compare(api, surge="3:64")
+    with pytest.raises(AppError, match="surge input tokens"):
+        compare(api, surge="2:5000:4")
     assert compare(api)["labels"] == ["A", "B"]
+
+
+def test_a_comparison_with_a_surge_reports_the_prompts_token_gaps_during_it(running_app):
+    """A surge (the Benchmark's COUNT:INPUT:OUTPUT) goes to both sides once their replies are half streamed; each
+    side reports the prompts' token gaps during the surge and outside it and the surge's first tokens, and only
+    the prompts' replies are shown as outputs."""
+    outcome = compare(client(running_app), max_tokens=24, surge="3:64:4", b_changes="max_num_batched_tokens=32")
+    assert outcome["surge"] == {"count": 3, "input_len": 64, "output_len": 4, "after_tokens": 12}
+    for label in "AB":
+        side = outcome["sides"][label]
+        figures = side["figures"]
+        assert figures["surge_completed"] == 3 and figures["surge_p99_ttft_ms"] > 0
+        assert figures["chat_p99_itl_during_surge_ms"] > 0 and figures["chat_p99_itl_outside_surge_ms"] > 0
+        assert len(side["outputs"]) == len(PROMPTS.splitlines())
+    assert outcome["ratios"]["B"]["chat_p99_itl_during_surge_ms"] > 0
+    assert compare(client(running_app))["surge"] is None
 
 
 # ----- Benchmark -----------------------------------------------------------------------------

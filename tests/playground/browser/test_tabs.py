@@ -59,6 +59,27 @@ def test_compare_shows_both_outputs_their_differences_the_ratio_table_and_overla
     tall_screenshot(page, shots / "compare.png", 2000)
 
 
+def test_compare_with_a_surge_adds_the_prompts_gaps_during_it_to_the_table(page, shots):
+    """The surge box sends each side long prompts into its replies; the table gains the prompts' p99 token gap
+    during the surge and outside it, and the surge's p99 TTFT, with B / A."""
+    open_tab(page, "Compare")
+    page.wait_for_selector("#cmp-run", state="visible")
+    assert "half streamed" in page.get_attribute("#cmp-surge", "title")
+    page.click("#cmp-b-source input")
+    page.click('[role=option][aria-label="engine panel"]')
+    fill_text(page, "#cmp-b-changes", "max_num_batched_tokens=32")
+    fill_text(page, "#cmp-surge", "3:96:4")
+    page.locator("#cmp-run").click()
+    page.wait_for_selector("#cmp-table table", timeout=180_000)
+    table = page.inner_text("#cmp-table")
+    for text in ("token gap during the surge", "token gap outside it", "surge p99 TTFT", "surge requests completed"):
+        assert text in table, text
+    gaps = page.eval_on_selector_all("#cmp-table td[data-key=chat_p99_itl_during_surge_ms]",
+                                     "cells => cells.map(c => c.innerText)")
+    assert len(gaps) == 2 and all(cell.strip() not in ("", "n/a", "—") for cell in gaps)
+    tall_screenshot(page, shots / "compare-surge.png", 1900)
+
+
 def test_chat_with_both_streams_a_reply_in_each_column(page):
     """Two questions, so that each column scrolls: its label stays clear of the messages scrolled under it."""
     open_tab(page, "Compare")

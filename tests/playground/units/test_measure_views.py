@@ -12,7 +12,7 @@ import pytest
 
 from engine import StepRecord
 from playground.benchmark.exports import runs_csv
-from playground.benchmark.workload import parse_length, parse_surge, parse_workload
+from playground.benchmark.workload import parse_length, parse_workload
 from playground.compare.comparison import FIGURE_KEYS, FIGURES, summarize_rounds, token_differences
 from playground.compare.request import parse_changes
 from playground.engine_panel.form import FORM_FIELDS
@@ -30,6 +30,7 @@ from playground.figures.run_views import (
 from playground.glossary.terms import ENTRIES, element_tooltips, tooltip
 from playground.shared.errors import Refused
 from playground.shared.settings import Settings
+from playground.shared.surge import parse_surge
 
 
 def run(**figures):
