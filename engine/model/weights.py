@@ -98,9 +98,10 @@ def release_checkpoint(path: Path) -> None:
 
 
 def _held_tensors(file: Path) -> dict[str, torch.Tensor] | None:
+    resolved = file.resolve()
     with _held_lock:
         for held in _held.values():
-            tensors = held.files.get(file.resolve())
+            tensors = held.files.get(resolved)
             if tensors is not None:
                 return tensors
     return None

@@ -173,9 +173,8 @@ class ZeroGpuEngine:
         self.tokenizer = load_tokenizer(self.plan.path)
         # The native model's checkpoint (and its draft's) in CPU memory: each call's worker inherits it and only
         # moves it to its device.
-        self.held_paths = [self.plan.path, *([self.plan.draft.path] if self.plan.draft else [])]
-        if self.plan.backend != "native":
-            self.held_paths = []
+        self.held_paths = ([self.plan.path, *([self.plan.draft.path] if self.plan.draft else [])]
+                           if self.plan.backend == "native" else [])
         self.held_bytes = sum(hold_checkpoint(path) for path in self.held_paths)
         self._prompts = PromptEncoder(self.tokenizer) if self.tokenizer is not None else None
         self._lock = threading.Lock()
