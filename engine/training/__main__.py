@@ -28,9 +28,23 @@ from engine.training.card import (
     recall_summary,
     write_card,
 )
-from engine.training.corpus import POPULAR_MIN_CHARS, answer_for, build_corpus, evenly_spread, recall_cases
+from engine.training.corpus import (
+    POPULAR_MIN_CHARS,
+    answer_for,
+    build_corpus,
+    evenly_spread,
+    everyday_cases,
+    follow_up_cases,
+    recall_cases,
+)
 from engine.training.distill import distillation_loss, target_replies
-from engine.training.evaluate import forward_cost_ratio, grade_answers, perplexity, speculative_acceptance
+from engine.training.evaluate import (
+    forward_cost_ratio,
+    grade_answers,
+    grade_follow_ups,
+    perplexity,
+    speculative_acceptance,
+)
 from engine.training.model import (
     DRAFT_SHAPE,
     TARGET_SHAPE,
@@ -63,25 +77,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="steps of the target's broad pass over every document and chat")
     parser.add_argument("--popular-share", type=float, default=0.6,
                         help="share of the broad pass's windows drawn from the popular chats (repeated to fill it)")
-    parser.add_argument("--recall-steps", type=int, default=300,
+    parser.add_argument("--recall-steps", type=int, default=450,
                         help="steps of the target's second pass over the popular and scattered chats (plus "
                              "replayed broad windows); 0 skips it")
     parser.add_argument("--recall-replay", type=float, default=0.5,
                         help="share of the recall pass's windows replayed from the broad pass's data")
     parser.add_argument("--recall-lr", type=float, default=5e-4, help="peak learning rate of the recall pass")
-    parser.add_argument("--scattered-copies", type=int, default=40,
+    parser.add_argument("--scattered-copies", type=int, default=20,
                         help="chats per popular entry for the recall pass whose question is the name among a few "
                              "stray words of the training phrasings")
     parser.add_argument("--draft-steps", type=int, default=1000)
     parser.add_argument("--draft-replies", type=int, default=3000,
                         help="questions about trained entries whose greedy target replies the draft also "
                              "distills on (on-policy); 0 distills on documentation answers only")
-    parser.add_argument("--popular-copies", type=int, default=150,
+    parser.add_argument("--popular-copies", type=int, default=80,
                         help="extra chats per popular entry, each phrased anew")
+    parser.add_argument("--follow-up-copies", type=int, default=20,
+                        help="two-question conversations opening with each popular entry (the second about "
+                             "another entry, half the time one of the same module)")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
                         help="keep about this many popular entries (the leading share of every curated group)")
     parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")
     parser.add_argument("--recall-questions", type=int, default=50)
+    parser.add_argument("--everyday-questions", type=int, default=60,
+                        help="popular entries the answer check's second set asks in everyday phrasings")
+    parser.add_argument("--follow-up-questions", type=int, default=40,
+                        help="two-question conversations the answer check grades the second answer of")
     parser.add_argument("--compare-with", type=Path,
                         help="an earlier target folder whose held-out perplexity (with its own tokenizer) "
                              "is measured on this build's held-out text before anything is overwritten")
@@ -210,7 +231,7 @@ def main(argv: list[str]) -> None:
     clock = Clock()
 
     corpus = build_corpus(limit=args.limit, popular_copies=args.popular_copies, popular_limit=args.popular_entries,
-                          scattered_copies=args.scattered_copies)
+                          scattered_copies=args.scattered_copies, follow_up_copies=args.follow_up_copies)
     previous = read_build_record(args.out) if args.reuse_target or args.add_recall_pass else None
     if previous and args.add_recall_pass and previous.target["passes"].get("recall", 0) > 0:
         raise SystemExit(f"the target in {args.out} already had its recall pass")
@@ -291,6 +312,8 @@ def main(argv: list[str]) -> None:
     heldout_cases = recall_cases(corpus.heldout_entries, args.recall_questions)
     trained = grade_answers(target, tokenizer, trained_cases)
     heldout = grade_answers(target, tokenizer, heldout_cases)
+    everyday = grade_answers(target, tokenizer, everyday_cases(corpus.popular, args.everyday_questions))
+    follow_ups = grade_follow_ups(target, tokenizer, follow_up_cases(corpus.popular, args.follow_up_questions))
     references = {entry.name: answer_for(entry, POPULAR_MIN_CHARS) for entry in corpus.popular}
     suggested_cases = [(q, references[name]) for q, name in SUGGESTED_QUESTIONS if name in references]
     suggested = grade_answers(target, tokenizer, suggested_cases)
@@ -313,6 +336,7 @@ def main(argv: list[str]) -> None:
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
             "popular_entries": len(corpus.popular), "popular_limit": args.popular_entries,
             "popular_copies": args.popular_copies, "scattered_chats": len(corpus.scattered_chats),
+            "follow_up_copies": args.follow_up_copies,
         },
         target=target_info,
         draft=draft_info,
@@ -325,6 +349,8 @@ def main(argv: list[str]) -> None:
         trained_answers=trained,
         heldout_answers=heldout,
         suggested_answers=suggested,
+        everyday_answers=everyday,
+        follow_up_answers=follow_ups,
     )
     write_card(args.out / "README.md", results)
     write_heldout_sample(args.out / HELDOUT_SAMPLE, corpus, tokenizer)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.training.answer_check import CLOSE_RATIO, repeats_four_words
@@ -23,6 +23,8 @@ class BuildResults:
     and `cpu_seconds` are wall and process CPU time per phase; `acceptance` maps a question
     set to (accepted, proposed) draft tokens; `baseline` is the target this build replaced,
     measured on the same held-out text (None when no `--compare-with` was given).
+    `everyday_answers` and `follow_up_answers` are the answer check's second set and its follow-up
+    pairs (empty in the records of builds made before the check had them).
     """
 
     commands: list[str]
@@ -40,6 +42,8 @@ class BuildResults:
     trained_answers: list[GradedAnswer]
     heldout_answers: list[GradedAnswer]
     suggested_answers: list[GradedAnswer]
+    everyday_answers: list[GradedAnswer] = field(default_factory=list)
+    follow_up_answers: list[GradedAnswer] = field(default_factory=list)
 
 
 def rate(count: int, total: int) -> str:
@@ -56,27 +60,33 @@ def recall_summary(results: BuildResults) -> str:
     return "; ".join(parts)
 
 
+def answer_sets(results: BuildResults) -> list[tuple[str, list[GradedAnswer]]]:
+    """The answer check's graded sets about trained entries, by name (the sets an older record lacks left out)."""
+    sets = [("popular entries, fresh phrasings", results.trained_answers),
+            ("popular entries, everyday phrasings", results.everyday_answers),
+            ("follow-ups (the second question of a conversation)", results.follow_up_answers)]
+    return [(name, answers) for name, answers in sets if answers]
+
+
 def bar_rows(results: BuildResults) -> list[tuple[str, str, bool]]:
-    """(bar, measured, met) for each bar of issue 17 that this build's numbers decide."""
-    trained = results.trained_answers
-    on_topic = sum(a.on_topic for a in trained) / max(1, len(trained))
-    repeats = sum(a.repeats for a in trained) / max(1, len(trained))
-    accepted = sum(pair[0] for pair in results.acceptance.values())
-    proposed = sum(pair[1] for pair in results.acceptance.values())
+    """(bar, measured, met) for each bar of issue 45 that this build's numbers decide."""
+    rows = []
+    for name, answers in answer_sets(results):
+        on_topic = sum(a.on_topic for a in answers) / len(answers)
+        repeats = sum(a.repeats for a in answers) / len(answers)
+        rows += [(f"{name}: on topic >= 85%", f"{100 * on_topic:.0f}%", on_topic >= 0.85),
+                 (f"{name}: repeats 0%", f"{100 * repeats:.0f}%", repeats == 0)]
+    accepted, proposed = results.acceptance.get("trained questions", (0, 0))
     acceptance = accepted / max(1, proposed)
     target_ppl, draft_ppl = results.target["ppl"], results.draft["ppl"]
-    rows = [
-        ("trained entries, fresh phrasings: on topic >= 80%", f"{100 * on_topic:.0f}%", on_topic >= 0.8),
-        ("trained entries, fresh phrasings: repeat a 4-word run <= 10%", f"{100 * repeats:.0f}%", repeats <= 0.1),
-    ]
     if results.baseline:
-        rows.append((f"held-out ppl: target below the replaced target's {results.baseline['ppl']:.2f}",
-                     f"{target_ppl:.2f}", target_ppl < results.baseline["ppl"]))
+        rows.append((f"held-out ppl: target no worse than the replaced target's {results.baseline['ppl']:.2f}",
+                     f"{target_ppl:.2f}", target_ppl <= results.baseline["ppl"]))
     rows += [
         ("held-out ppl: target clearly below the draft (at most 0.9x)", f"{target_ppl:.2f} vs {draft_ppl:.2f}",
          target_ppl <= 0.9 * draft_ppl),
-        (f"draft greedy acceptance at k={results.num_speculative} on chat questions >= 0.6", f"{acceptance:.2f}",
-         acceptance >= 0.6),
+        (f"draft greedy acceptance at k={results.num_speculative} on questions about trained entries >= 0.7",
+         f"{acceptance:.2f}", acceptance >= 0.7),
         ("draft forward at batch 1 <= 1/3 of the target's", f"{results.draft_cost_ratio:.2f}x",
          results.draft_cost_ratio <= 1 / 3),
     ]
@@ -112,6 +122,12 @@ def sample_block(answer: GradedAnswer) -> str:
         f"{answer.similarity:.2f}):**\n\n{quoted(answer.answer)}\n\n"
         f"<details><summary>reference documentation</summary>\n\n{answer.reference}\n\n</details>"
     )
+
+
+def recall_rows(results: BuildResults) -> str:
+    """The recall table's rows: each set about trained entries, then the held-out entries."""
+    sets = answer_sets(results) + [("held-out entries, fresh phrasings", results.heldout_answers)]
+    return "\n".join(recall_row(f"{len(answers)} {name}", answers) for name, answers in sets)
 
 
 def recall_row(name: str, answers: list[GradedAnswer]) -> str:
@@ -217,7 +233,7 @@ This card is written by the build itself; every number below was measured by it.
 
 ## Bars
 
-The targets this build was held to (issue 17), each decided by the figures further down:
+The targets this build was held to (issue 45), each decided by the figures further down:
 
 | bar | measured | |
 | --- | --- | --- |
@@ -265,7 +281,8 @@ the answer is the leading prose of its documentation, from its first sentence (a
 characters at most), ending with the end-of-turn token. The {corpus['popular_entries']} popular
 entries (`engine/training/popular.py`: builtins, statements, and the main functions and
 classes of the commonly used modules) get {corpus['popular_copies']} more chats each, each
-phrased anew. {training_passes(results.target)} {draft_recipe(results.draft)}
+phrased anew, and open {corpus.get('follow_up_copies', 0)} two-question conversations each, whose second
+question asks about another popular entry. {training_passes(results.target)} {draft_recipe(results.draft)}
 Everything is deduplicated, then about 5% of the rest is held out by hashing the
 top-level module or topic section, so held-out modules contribute nothing to training;
 popular entries always train. Perplexity is measured on the held-out documents and chats.
@@ -276,13 +293,16 @@ popular entries always train. Perplexity is measured on the held-out documents a
 first sentence of the reference answer, word by word (case, backticks and punctuation
 ignored): the answer is **on topic** when difflib's similarity ratio is at least
 {CLOSE_RATIO} (the documented sentence or a close restatement). An answer **repeats** when
-some run of four words occurs twice in it. Questions use phrasings no training chat uses
-("I'd like to know what `json.dump` does.", "Remind me what functools.partial is").
+some run of four words occurs twice in it. Questions use phrasings no training chat uses:
+fresh ones ("I'd like to know what `json.dump` does.", "Remind me what functools.partial is"),
+everyday ones over other popular entries ("how can I use glob.glob", "What is `heapq.merge` meant
+for?"), and follow-ups: the model answers a first question, then is asked about another entry in
+the same conversation ("Also, explain `glob.glob`."), half the time one of the same module; a
+follow-up's answer also counts as a repeat when it opens like the first entry's documentation.
 
 | questions | on topic | repeat a 4-word run | reference answers that do |
 | --- | --- | --- | --- |
-{recall_row(f"{len(results.trained_answers)} popular (trained) entries, fresh phrasings", results.trained_answers)}
-{recall_row(f"{len(results.heldout_answers)} held-out entries, fresh phrasings", results.heldout_answers)}
+{recall_rows(results)}
 
 Held-out entries were never trained on, so their on-topic rate shows that the model
 recalls what it was taught rather than explaining unseen names; generalisation is
@@ -331,6 +351,7 @@ def read_build_record(folder: Path) -> BuildResults:
     for model in ("target", "draft"):
         record[model]["shape"] = ModelShape(**record[model]["shape"])
     record["acceptance"] = {name: tuple(pair) for name, pair in record["acceptance"].items()}
-    for answers in ("trained_answers", "heldout_answers", "suggested_answers"):
-        record[answers] = [GradedAnswer(**answer) for answer in record[answers]]
+    for answers in ("trained_answers", "heldout_answers", "suggested_answers", "everyday_answers",
+                    "follow_up_answers"):
+        record[answers] = [GradedAnswer(**answer) for answer in record.get(answers, [])]
     return BuildResults(**record)

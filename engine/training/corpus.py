@@ -16,13 +16,22 @@ import hashlib
 import importlib
 import inspect
 import pydoc_data.topics
+import random
 import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.training.popular import popular_names, popular_share, popular_topics
-from engine.training.questions import fresh_question, scattered_questions, training_questions
+from engine.training.questions import (
+    EVERYDAY_TEMPLATES,
+    FRESH_FOLLOW_UPS,
+    FRESH_TEMPLATES,
+    follow_up_question,
+    fresh_question,
+    scattered_questions,
+    training_questions,
+)
 
 SKIPPED_PACKAGES = {
     "test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "ensurepip",
@@ -52,7 +61,8 @@ class Corpus:
     """Plain documents and chat conversations, separately for train and held-out.
 
     `popular` lists the trained entries that got `popular_copies` more chats each, in
-    `popular_chats` (kept apart from `train_chats` so the tokenizer sees them once), and
+    `popular_chats` (kept apart from `train_chats` so the tokenizer sees them once) with the
+    two-question conversations of `follow_up_chats`, and
     `scattered_copies` chats each asked as scattered questions, in `scattered_chats` (only
     the target's recall pass trains on those).
     """
@@ -302,17 +312,52 @@ def as_chats(
     ]
 
 
+def module_of(entry: DocEntry) -> str:
+    """The module a popular entry belongs to as people write it (`glob` for `glob.glob`, `builtins` for `len`)."""
+    return entry.group.removeprefix("module:").removeprefix("topic:")
+
+
+def follow_up_chats(popular: list[DocEntry], copies: int, seed: int = 0) -> list[list[dict]]:
+    """`copies` two-question conversations opening with each popular entry, so that a second question is
+    answered about its own entry instead of the first one's.
+
+    Half of the second entries come from the first one's module (the module then one of its functions, a
+    function then a sibling), which teaches `glob` and `glob.glob` apart; the rest are any popular entry.
+    """
+    rng = random.Random(f"follow-ups:{seed}")
+    by_module: dict[str, list[DocEntry]] = {}
+    for entry in popular:
+        by_module.setdefault(module_of(entry), []).append(entry)
+    chats = []
+    for first in popular:
+        for copy in range(copies):
+            siblings = [e for e in by_module[module_of(first)] if e is not first]
+            second = rng.choice(siblings if siblings and rng.random() < 0.5 else popular)
+            if second is first:
+                continue
+            question = training_questions(first.kind, first.name, 1, f"first:{copy}")[0]
+            follow_up = follow_up_question(second.kind, second.name, f"{first.name}:{copy}")
+            chats.append([
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": answer_for(first, POPULAR_MIN_CHARS)},
+                {"role": "user", "content": follow_up},
+                {"role": "assistant", "content": answer_for(second, POPULAR_MIN_CHARS)},
+            ])
+    return chats
+
+
 def build_corpus(
     limit: int | None = None, phrasings: int = 2, popular_copies: int = 16, popular_limit: int | None = None,
-    scattered_copies: int = 0,
+    scattered_copies: int = 0, follow_up_copies: int = 0,
 ) -> Corpus:
     """Collects, dedupes and splits everything; `limit` caps each source's entries (for tests).
 
     Every entry is a document and `phrasings` chats; a popular entry gets `popular_copies`
     more chats, each phrased anew, so the model never sees one question often enough to
-    key its answer on the wording instead of the name, and `scattered_copies` chats asked as
-    scattered questions. `popular_limit` keeps about that many popular entries (the leading
-    share of every curated group); the rest train as ordinary entries.
+    key its answer on the wording instead of the name, `follow_up_copies` two-question
+    conversations opening with it, and `scattered_copies` chats asked as scattered questions.
+    `popular_limit` keeps about that many popular entries (the everyday surface and the
+    leading share of every curated group); the rest train as ordinary entries.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     topics = topic_entries()
@@ -332,6 +377,7 @@ def build_corpus(
         texts.append(as_document(entry))
         chats.extend(as_chats(entry, phrasings))
     popular_chats = [chat for e in popular for chat in as_chats(e, popular_copies, "popular", POPULAR_MIN_CHARS)]
+    popular_chats += follow_up_chats(popular, follow_up_copies)
     scattered_chats = [chat for e in popular
                        for chat in as_chats(e, scattered_copies, "", POPULAR_MIN_CHARS, scattered_questions)]
     return Corpus(
@@ -344,14 +390,44 @@ def build_corpus(
     )
 
 
-def recall_cases(entries: list[DocEntry], count: int, min_chars: int = MIN_ANSWER_CHARS) -> list[tuple[str, str]]:
-    """(fresh question, reference answer) for `count` entries spread evenly over `entries`.
+def recall_cases(
+    entries: list[DocEntry], count: int, min_chars: int = MIN_ANSWER_CHARS, templates: list[str] = FRESH_TEMPLATES,
+    offset: int = 0,
+) -> list[tuple[str, str]]:
+    """(fresh question, reference answer) for `count` entries spread evenly over `entries`, from the
+    `offset`-th one of each stride (another offset asks other entries).
 
-    Every question uses a FRESH_TEMPLATES phrasing, which no training chat uses.
+    Every question uses a phrasing of `templates`, which no training chat uses.
     """
     usable = [entry for entry in entries if answer_for(entry, min_chars)]
-    picked = evenly_spread(usable, count)
-    return [(fresh_question(e.kind, e.name, i), answer_for(e, min_chars)) for i, e in enumerate(picked)]
+    picked = evenly_spread(usable[offset:], count)
+    return [(fresh_question(e.kind, e.name, i, templates), answer_for(e, min_chars)) for i, e in enumerate(picked)]
+
+
+def everyday_cases(popular: list[DocEntry], count: int) -> list[tuple[str, str]]:
+    """The answer check's second set: other popular entries than `recall_cases` asks, in EVERYDAY_TEMPLATES."""
+    stride = max(1, len(popular) // max(1, count))
+    return recall_cases(popular, count, POPULAR_MIN_CHARS, EVERYDAY_TEMPLATES, offset=stride // 2)
+
+
+def follow_up_cases(popular: list[DocEntry], count: int) -> list[tuple[str, str, str, str]]:
+    """(first question, its reference, follow-up question, its reference) for `count` pairs of popular entries:
+    the first in a FRESH_TEMPLATES phrasing, the second in a FRESH_FOLLOW_UPS one, every other pair from one
+    module (`glob` then `glob.glob`), the rest far apart in the list."""
+    usable = [entry for entry in popular if answer_for(entry, POPULAR_MIN_CHARS)]
+    firsts = evenly_spread(usable, count)
+    cases = []
+    for index, first in enumerate(firsts):
+        same_module = [e for e in usable if module_of(e) == module_of(first) and e is not first]
+        if index % 2 == 0 and same_module:
+            second = same_module[index % len(same_module)]
+        else:
+            second = usable[(usable.index(first) + len(usable) // 2) % len(usable)]
+        cases.append((
+            fresh_question(first.kind, first.name, index), answer_for(first, POPULAR_MIN_CHARS),
+            fresh_question(second.kind, second.name, index, FRESH_FOLLOW_UPS), answer_for(second, POPULAR_MIN_CHARS),
+        ))
+    return cases
 
 
 def evenly_spread(entries: list[DocEntry], count: int) -> list[DocEntry]:

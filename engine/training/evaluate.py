@@ -33,13 +33,13 @@ def perplexity(model: PreTrainedModel, data: torch.Tensor, batch_size: int = 16)
     return math.exp(total / count)
 
 
-def prompt_text(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
-    """A one-question chat rendered up to the start of the assistant's turn."""
-    messages = [{"role": "user", "content": question}]
+def prompt_text(tokenizer: PreTrainedTokenizerBase, question: str | list[dict]) -> str:
+    """A chat (one question, or the messages so far) rendered up to the start of the assistant's turn."""
+    messages = [{"role": "user", "content": question}] if isinstance(question, str) else question
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: str | list[dict]) -> list[int]:
     return tokenizer(prompt_text(tokenizer, question), add_special_tokens=False).input_ids
 
 
@@ -88,7 +88,7 @@ def speculative_acceptance(
 def greedy_answer(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    question: str,
+    question: str | list[dict],
     max_new_tokens: int = 128,
 ) -> str:
     ids = torch.tensor([prompt_ids(tokenizer, question)])
@@ -125,6 +125,26 @@ def grade_answers(
         graded.append(GradedAnswer(
             question, answer, reference, opening_similarity(answer, reference),
             opens_with_reference(answer, reference), repeats_four_words(answer),
+        ))
+    return graded
+
+
+def grade_follow_ups(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cases: list[tuple[str, str, str, str]]
+) -> list[GradedAnswer]:
+    """The second answers of two-question conversations: the model answers the first question greedily, then
+    the follow-up in the same conversation. A second answer `repeats` when it repeats a 4-word run or opens
+    like the first entry's reference (the previous answer again)."""
+    graded = []
+    for first, first_reference, follow_up, reference in cases:
+        messages = [{"role": "user", "content": first}]
+        messages += [{"role": "assistant", "content": greedy_answer(model, tokenizer, messages)},
+                     {"role": "user", "content": follow_up}]
+        answer = greedy_answer(model, tokenizer, messages)
+        echoes_first = first_reference != reference and opens_with_reference(answer, first_reference)
+        graded.append(GradedAnswer(
+            f"{first} / {follow_up}", answer, reference, opening_similarity(answer, reference),
+            opens_with_reference(answer, reference), repeats_four_words(answer) or echoes_first,
         ))
     return graded
 

@@ -4,9 +4,20 @@ These entries get many more chat passes than the rest of the corpus, and they ar
 on the training side of the split: the bundled model is meant to recall them. The names
 are resolved against the running interpreter (`corpus.popular_entries`), so the answers
 are that version's own docstrings; a name without a docstring there is skipped.
+
+Two sources make the list, each by a stated rule rather than by any question set:
+- the whole public surface of the EVERYDAY_MODULES, the modules a tutorial or a beginner's
+  file-and-data code imports: every function and class their `__all__` names (or, for a
+  module without one, every public name) that the module defines itself, exceptions excepted;
+- the curated groups of POPULAR_NAMES (builtins, `str` / `list` / `dict` methods, the main
+  names of the other common modules), of which a build keeps the leading share of each group.
 """
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from functools import cache
 
 # Dotted names as a person types them; the first word is what gets imported to read the docstring.
 POPULAR_NAMES: dict[str, str] = {
@@ -173,8 +184,39 @@ POPULAR_TOPICS = [
 ]
 
 
-# How many popular entries the default build keeps: what a 2-core machine can teach in its budget.
-DEFAULT_POPULAR_ENTRIES = 110
+# Modules whose whole public surface is popular: file and path helpers, JSON, regular expressions,
+# iteration and containers, copying, time, temporary files, text wrapping, shell-style file operations.
+EVERYDAY_MODULES = ["os.path", "pathlib", "json", "re", "itertools", "collections", "heapq", "bisect", "copy",
+                    "time", "tempfile", "textwrap", "shutil", "glob", "fnmatch", "functools"]
+# Where a module's public names are implemented when not in the module itself (C accelerators and the like).
+IMPLEMENTED_IN = {"os.path": ("posixpath", "genericpath"), "time": ("strptime",)}
+
+# How many popular entries the default build keeps (the everyday surface plus a share of the curated groups).
+DEFAULT_POPULAR_ENTRIES = 400
+
+
+@cache
+def everyday_names() -> tuple[str, ...]:
+    """The public functions and classes of EVERYDAY_MODULES that each module defines (names as `json.loads`).
+
+    A name the module only re-exports from elsewhere (`shutil.os`) and exception classes are left out;
+    a C accelerator's name counts as its module's (`heapq.heappush` lives in `_heapq`).
+    """
+    names = []
+    for module_name in EVERYDAY_MODULES:
+        module = importlib.import_module(module_name)
+        homes = {module_name.split(".")[0], *IMPLEMENTED_IN.get(module_name, ())}
+        public = getattr(module, "__all__", None) or [name for name in dir(module) if not name.startswith("_")]
+        for name in public:
+            obj = getattr(module, name, None)
+            if obj is None or inspect.ismodule(obj) or not callable(obj):
+                continue
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                continue
+            home = (getattr(obj, "__module__", None) or module_name).lstrip("_").split(".")[0]
+            if home in homes:
+                names.append(f"{module_name}.{name}")
+    return tuple(names)
 
 
 def leading_share(names: list[str], share: float) -> list[str]:
@@ -183,10 +225,11 @@ def leading_share(names: list[str], share: float) -> list[str]:
 
 
 def popular_names(share: float = 1.0) -> list[str]:
-    """Popular dotted names in the order above (duplicates dropped); `share` < 1 keeps the
-    leading share of every group, so a smaller build still covers every module's main names."""
+    """Popular dotted names: the curated groups in the order above, then the everyday surface (duplicates
+    dropped); `share` < 1 keeps the leading share of every curated group, so a smaller build still covers
+    every module's main names."""
     names = [name for group in POPULAR_NAMES.values() for name in leading_share(group.split(), share)]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(names + EVERYDAY_MODULES + list(everyday_names())))
 
 
 def popular_topics(share: float = 1.0) -> list[str]:
@@ -195,15 +238,23 @@ def popular_topics(share: float = 1.0) -> list[str]:
 
 
 def popular_share(entries: int | None) -> float:
-    """The share of every group that keeps about `entries` popular names and topics in all."""
-    total = sum(len(group.split()) for group in POPULAR_NAMES.values()) + len(POPULAR_TOPICS)
-    return 1.0 if entries is None else min(1.0, entries / total)
+    """The share of every curated group that keeps about `entries` popular names and topics in all (the
+    everyday surface always stays)."""
+    if entries is None:
+        return 1.0
+    for percent in range(1, 101):
+        if len(popular_names(percent / 100)) + len(popular_topics(percent / 100)) >= entries:
+            return percent / 100
+    return 1.0
 
 
 # Questions the playground offers as examples, with the popular entry each asks about; the
 # build grades the bundled model's answer to each (see the card's "Suggested questions").
 SUGGESTED_QUESTIONS = [
     ("What does json.dumps do?", "json.dumps"),
+    ("What does json.loads do?", "json.loads"),
+    ("What does the json module do?", "json"),
+    ("What is glob.glob for?", "glob.glob"),
     ("How do I use pathlib.Path?", "pathlib.Path"),
     ("Explain the with statement.", "the `with` statement"),
     ("What is collections.Counter?", "collections.Counter"),

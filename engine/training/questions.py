@@ -103,6 +103,26 @@ FRESH_TEMPLATES = [
     "I'm reading code that uses {name}. What does it do?",
     "Remind me what {name} is.",
 ]
+# A second set used only to evaluate: everyday phrasings of the kind people type, none used by a training chat.
+EVERYDAY_TEMPLATES = [
+    "how can I use {name}",
+    "What would I use {name} for?",
+    "Could you explain {name}?",
+    "explain how {name} works",
+    "Please tell me about {name}.",
+    "What is {name} meant for?",
+    "can you summarise {name}",
+    "What does {name} do exactly?",
+    "I have a question about {name}.",
+    "Explain briefly what {name} is.",
+]
+# How a follow-up asks about the next entry in the same conversation; training ones and, apart, evaluation ones.
+FOLLOW_UP_TEMPLATES = ["And {name}?", "What about {name}?", "How about {name}?", "And what does {name} do?",
+                       "Now {name}.", "Next: {name}.", "And {name}, what is that?", "Same question for {name}.",
+                       "OK. And {name}?", "Then what is {name}?"]
+FRESH_FOLLOW_UPS = ["Thanks. What about {name} then?", "And how about {name}?", "Also, explain {name}.",
+                    "Next one: what is {name}?", "Now tell me about {name}."]
+FOLLOW_UP_RATE = 0.5
 # Requests as a lead and a tail: "Walk me through what {name} is."; none opens like a fresh template.
 COMPOSED_LEADS = ["Explain", "Describe", "Summarize", "Clarify", "Outline", "Break down", "Walk me through",
                   "Go over", "Talk me through", "Help me with", "Tell me about", "Some background on",
@@ -135,11 +155,11 @@ def words_of(texts: list[str]) -> set[str]:
     return {w.strip(".?:,!()") for text in texts for w in text.split()} - {"{name}", "{kind}", ""}
 
 
-# What a scattered question is made of: every word of the training phrasings that no fresh template uses.
-FRESH_WORDS = {word.lower() for word in words_of(FRESH_TEMPLATES)}
+# What a scattered question is made of: every word of the training phrasings that no evaluation template uses.
+FRESH_WORDS = {word.lower() for word in words_of(FRESH_TEMPLATES + EVERYDAY_TEMPLATES + FRESH_FOLLOW_UPS)}
 SCATTER_WORDS = sorted(
     word for word in words_of(GENERIC_TEMPLATES + KIND_TEMPLATES + COMPOSED_LEADS + COMPOSED_TAILS + FILLERS
-                              + OPENERS + CLOSERS)
+                              + OPENERS + CLOSERS + FOLLOW_UP_TEMPLATES)
     if word.lower() not in FRESH_WORDS
 )
 
@@ -214,10 +234,19 @@ def scattered_questions(kind: str, name: str, count: int, salt: str = "") -> lis
     return questions
 
 
-def fresh_question(kind: str, name: str, index: int) -> str:
-    """An evaluation question in a phrasing no training chat uses (template chosen by `index`)."""
+def follow_up_question(kind: str, name: str, salt: str) -> str:
+    """A training question about `name` asked second in a conversation: half the time a follow-up phrasing
+    ("What about `json.load`?"), otherwise an ordinary training question."""
+    rng = random.Random(f"follow-up:{salt}:{name}")
+    if rng.random() < FOLLOW_UP_RATE:
+        return phrase(rng.choice(FOLLOW_UP_TEMPLATES), kind, name, rng)
+    return training_questions(kind, name, 1, f"follow-up:{salt}")[0]
+
+
+def fresh_question(kind: str, name: str, index: int, templates: list[str] = FRESH_TEMPLATES) -> str:
+    """An evaluation question in a phrasing no training chat uses (template of `templates` chosen by `index`)."""
     rng = random.Random(f"fresh:{name}")
-    return phrase(FRESH_TEMPLATES[index % len(FRESH_TEMPLATES)], kind, name, rng)
+    return phrase(templates[index % len(templates)], kind, name, rng)
 
 
 def write_prompt_file(path: Path, conversations: list[list[dict]]) -> None:
