@@ -41,8 +41,8 @@ test: $(TEST_STAMP) chromium kernels
 lint: $(TEST_STAMP)
 	$(PY) -m ruff check engine playground tests app.py
 
-# Rebuilds the bundled demo pair in assets/models with the program's defaults (about 2 hours on
-# this 2-core machine with two threads; budgets are step counts, so a busy machine only takes longer); the card
+# Rebuilds the bundled demo pair in assets/models with the program's defaults (84 min on an idle
+# 2-core machine with two threads; budgets are step counts, so a busy machine only takes longer); the card
 # compares it with the target it replaces. CI never retrains.
 demo-model: $(RUN_STAMP)
 	$(PY) -m engine.training --compare-with assets/models/demo-chat --threads 2

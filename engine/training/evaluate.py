@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.training.answer_check import opening_similarity, opens_with_reference, repeats_four_words
+from engine.training.answer_check import CLOSE_RATIO, opening_similarity, opens_with_reference, repeats_four_words
 
 
 @torch.no_grad()
@@ -134,17 +134,20 @@ def grade_follow_ups(
 ) -> list[GradedAnswer]:
     """The second answers of two-question conversations: the model answers the first question greedily, then
     the follow-up in the same conversation. A second answer `repeats` when it repeats a 4-word run or opens
-    like the first entry's reference (the previous answer again)."""
+    like the first entry's reference and closer to it than to its own (the previous answer again: "Shallow copy
+    operation" after `copy.deepcopy`'s "Deep copy operation" is `copy.copy`'s own sentence, not a repeat)."""
     graded = []
     for first, first_reference, follow_up, reference in cases:
         messages = [{"role": "user", "content": first}]
         messages += [{"role": "assistant", "content": greedy_answer(model, tokenizer, messages)},
                      {"role": "user", "content": follow_up}]
         answer = greedy_answer(model, tokenizer, messages)
-        echoes_first = first_reference != reference and opens_with_reference(answer, first_reference)
+        similarity = opening_similarity(answer, reference)
+        echoes_first = opens_with_reference(answer, first_reference) and (
+            opening_similarity(answer, first_reference) > similarity)
         graded.append(GradedAnswer(
-            f"{first} / {follow_up}", answer, reference, opening_similarity(answer, reference),
-            opens_with_reference(answer, reference), repeats_four_words(answer) or echoes_first,
+            f"{first} / {follow_up}", answer, reference, similarity,
+            similarity >= CLOSE_RATIO, repeats_four_words(answer) or echoes_first,
         ))
     return graded
 

@@ -16,7 +16,9 @@ from engine.quant.sparsity import SparseLinearMethod, prune_2_4
 from engine.testing import EngineProbe
 
 DEMO = dict(model="demo", dtype="float32", kv_cache_bytes=2**24)
-PROMPTS = [[{"role": "user", "content": q}] for q in ("What does the json module do?", "How do I use `re.sub`?")]
+# Two questions the demo target recalls word for word (pruned, it still does) and one it was never taught.
+PROMPTS = [[{"role": "user", "content": q}]
+           for q in ("What does the json module do?", "How do I use `re.sub`?", "Write a haiku about autumn.")]
 
 
 def test_pruning_keeps_the_two_largest_of_every_four_inputs():
@@ -62,7 +64,8 @@ def test_the_engine_serves_every_linear_weight_pruned_2_4(demo_runs):
 
 
 def test_pruning_changes_the_output_and_costs_perplexity(demo_runs):
-    """The demo target measured 105.6 unpruned and 116.1 pruned (float32, CPU)."""
+    """The demo target measured 135.3 unpruned and 152.9 pruned (float32, CPU); its recalled answers survive the
+    pruning, the untaught question's does not."""
     assert demo_runs["sparse-2:4"]["answers"] != demo_runs["none"]["answers"]
     assert all(len(answer) == 16 for answer in demo_runs["sparse-2:4"]["answers"])
     assert demo_runs["sparse-2:4"]["perplexity"] > demo_runs["none"]["perplexity"] * 1.05

@@ -4,26 +4,47 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import tomllib
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine import Engine, EngineConfig, SamplingParams
+from engine.training import evaluate
 from engine.training.answer_check import opens_with_reference, repeats_four_words
-from engine.training.card import BuildResults, draft_recipe, read_build_record, training_passes, write_card
+from engine.training.card import (
+    BuildResults,
+    bar_rows,
+    draft_recipe,
+    read_build_record,
+    training_passes,
+    write_card,
+)
 from engine.training.corpus import (
     POPULAR_MIN_CHARS,
     answer_for,
     build_corpus,
+    everyday_cases,
+    follow_up_cases,
+    follow_up_chats,
     is_held_out,
+    module_of,
     popular_entries,
+    popular_entry,
     recall_cases,
     summary,
     without_signature,
 )
 from engine.training.distill import distillation_loss, target_replies
-from engine.training.evaluate import GradedAnswer, forward_cost_ratio, greedy_answer, speculative_acceptance
+from engine.training.evaluate import (
+    GradedAnswer,
+    forward_cost_ratio,
+    grade_follow_ups,
+    greedy_answer,
+    speculative_acceptance,
+)
 from engine.training.model import (
     ModelShape,
     TrainSettings,
@@ -35,14 +56,19 @@ from engine.training.model import (
 )
 from engine.training.popular import (
     DEFAULT_POPULAR_ENTRIES,
+    EVERYDAY_MODULES,
     POPULAR_NAMES,
     SUGGESTED_QUESTIONS,
+    everyday_names,
     popular_names,
     popular_share,
     popular_topics,
 )
 from engine.training.questions import (
     COMPOSED_TEMPLATES,
+    EVERYDAY_TEMPLATES,
+    FOLLOW_UP_TEMPLATES,
+    FRESH_FOLLOW_UPS,
     FRESH_TEMPLATES,
     FRESH_WORDS,
     GENERIC_TEMPLATES,
@@ -73,7 +99,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def corpus():
-    return build_corpus(limit=100, popular_copies=3, scattered_copies=4)
+    return build_corpus(limit=100, popular_copies=3, scattered_copies=4, follow_up_copies=2)
 
 
 @pytest.fixture(scope="module")
@@ -103,26 +129,41 @@ def test_popular_entries_always_train_and_get_their_extra_chats(corpus):
     assert is_held_out(builtins_group) and any(entry.group == builtins_group for entry in corpus.popular)
     answer = answer_for(corpus.popular[0], POPULAR_MIN_CHARS)
     assert [chat[1]["content"] for chat in corpus.train_chats].count(answer) == 2
-    assert [chat[1]["content"] for chat in corpus.popular_chats].count(answer) == 3
-    assert len({chat[0]["content"] for chat in corpus.popular_chats if chat[1]["content"] == answer}) == 3
+    single = [chat for chat in corpus.popular_chats if len(chat) == 2]
+    assert [chat[1]["content"] for chat in single].count(answer) == 3
+    assert len({chat[0]["content"] for chat in single if chat[1]["content"] == answer}) == 3
     more = build_corpus(limit=100, popular_copies=5)
     assert len(more.popular_chats) == 5 * len(corpus.popular) and more.train_chats == corpus.train_chats
 
 
-def test_popular_entries_keeps_the_leading_share_of_every_group():
+def test_popular_entries_keeps_the_everyday_surface_and_the_leading_share_of_every_group():
     everything = popular_names()
     share = popular_share(DEFAULT_POPULAR_ENTRIES)
     kept = popular_names(share)
-    assert 0.1 < share < 0.25 and len(kept) < 0.3 * len(everything)
+    assert 0.2 < share < 0.6 and len(kept) < 0.6 * len(everything)
+    assert abs(len(kept) + len(popular_topics(share)) - DEFAULT_POPULAR_ENTRIES) < 10
     assert {"print", "len", "json.dumps", "os.path.join", "collections.Counter"} <= set(kept)
     assert all(group.split()[0] in kept for group in POPULAR_NAMES.values())
-    assert kept == [name for name in everything if name in kept]
-    assert popular_topics(share)[0] == "the `with` statement" and len(popular_topics(share)) < 15
+    everyday = set(EVERYDAY_MODULES) | set(everyday_names())
+    assert everyday <= set(popular_names(0.01))
+    curated_kept = [name for name in kept if name not in everyday]
+    assert curated_kept == [name for name in everything if name in curated_kept]
+    assert popular_topics(share)[0] == "the `with` statement" and len(popular_topics(share)) < 30
     assert popular_share(None) == 1.0 and popular_share(10_000) == 1.0
 
 
+def test_the_everyday_surface_is_each_modules_own_functions_and_classes():
+    names = set(everyday_names())
+    assert {"glob.glob", "glob.iglob", "glob.escape", "heapq.heapreplace", "bisect.insort", "copy.deepcopy",
+            "textwrap.TextWrapper", "shutil.copyfileobj", "os.path.commonpath", "tempfile.gettempdir",
+            "itertools.batched" if hasattr(__import__("itertools"), "batched") else "itertools.tee",
+            "collections.UserList", "time.monotonic", "json.JSONEncoder"} <= names
+    assert not {"shutil.os", "json.JSONDecodeError", "copy.Error", "shutil.Error", "re.error"} & names
+    assert {name.rpartition(".")[0] for name in names} <= set(EVERYDAY_MODULES)
+
+
 def test_popular_limit_shrinks_the_popular_set_and_the_rest_train_as_ordinary_entries(corpus):
-    fewer = build_corpus(limit=100, popular_copies=3, popular_limit=60)
+    fewer = build_corpus(limit=100, popular_copies=3, popular_limit=200)
     assert 0 < len(fewer.popular) < len(corpus.popular)
     assert len(fewer.popular_chats) == 3 * len(fewer.popular)
     builtins = {entry.name for entry in corpus.popular if entry.group == "module:builtins" and answer_for(entry)}
@@ -147,15 +188,67 @@ def test_nearly_every_popular_name_resolves_to_its_own_docstring():
 
 
 def test_fresh_phrasings_never_appear_in_training(corpus):
-    assert not set(FRESH_TEMPLATES) & set(GENERIC_TEMPLATES + KIND_TEMPLATES)
+    trained_templates = set(GENERIC_TEMPLATES + KIND_TEMPLATES + COMPOSED_TEMPLATES + FOLLOW_UP_TEMPLATES)
+    for evaluation_templates in (FRESH_TEMPLATES, EVERYDAY_TEMPLATES, FRESH_FOLLOW_UPS):
+        assert not set(evaluation_templates) & trained_templates
     cases = recall_cases(corpus.popular, 20, POPULAR_MIN_CHARS)
-    assert len(cases) == 20
-    training_questions = {chat[0]["content"] for chat in corpus.train_chats + corpus.popular_chats
-                          + corpus.scattered_chats}
-    assert corpus.scattered_chats and not {question for question, _ in cases} & training_questions
+    everyday = everyday_cases(corpus.popular, 20)
+    follow_ups = follow_up_cases(corpus.popular, 20)
+    assert len(cases) == len(everyday) == len(follow_ups) == 20
+    training_questions = {message["content"] for chat in corpus.train_chats + corpus.popular_chats
+                          + corpus.scattered_chats for message in chat if message["role"] == "user"}
+    asked = {q for q, _ in cases + everyday} | {case[0] for case in follow_ups} | {case[2] for case in follow_ups}
+    assert corpus.scattered_chats and not asked & training_questions
     fresh_openings = tuple(template.split("{name}")[0].lower() for template in FRESH_TEMPLATES)
     assert all(fresh_openings)
     assert not [question for question in training_questions if question.lower().startswith(fresh_openings)]
+
+
+def test_the_everyday_set_asks_other_entries_than_the_fresh_set(corpus):
+    fresh = {reference for _, reference in recall_cases(corpus.popular, 20, POPULAR_MIN_CHARS)}
+    everyday = everyday_cases(corpus.popular, 20)
+    assert not fresh & {reference for _, reference in everyday}
+    openings = {question.split("`")[0].split(" ")[0].lower() for question, _ in everyday}
+    assert len(openings) >= 5
+
+
+def test_follow_up_chats_ask_a_second_entry_half_the_time_from_the_same_module(corpus):
+    chats = follow_up_chats(corpus.popular, 4)
+    assert len(chats) > 3 * len(corpus.popular)
+    assert all([m["role"] for m in chat] == ["user", "assistant", "user", "assistant"] for chat in chats)
+    answers = {answer_for(entry, POPULAR_MIN_CHARS): entry for entry in corpus.popular}
+    pairs = [(answers[chat[1]["content"]], answers[chat[3]["content"]]) for chat in chats]
+    assert all(first is not second for first, second in pairs)
+    same = sum(module_of(first) == module_of(second) for first, second in pairs) / len(pairs)
+    assert 0.4 < same < 0.8
+    openers = {template.split("{name}")[0] for template in FOLLOW_UP_TEMPLATES if template.split("{name}")[0]}
+    follow_up_phrased = [chat for chat in chats if chat[2]["content"].startswith(tuple(openers))]
+    assert 0.3 < len(follow_up_phrased) / len(chats) < 0.8
+    assert sum(len(chat) == 4 for chat in corpus.popular_chats) == len(follow_up_chats(corpus.popular, 2))
+
+
+def test_follow_up_cases_pair_a_module_with_its_own_names():
+    entries = popular_entries()
+    glob_entries = [e for e in entries if module_of(e) == "glob"]
+    cases = follow_up_cases(glob_entries + [e for e in entries if e.name == "len"], 4)
+    assert len(cases) == 4
+    first_question, first_reference, second_question, second_reference = cases[0]
+    assert "glob" in first_question and "glob" in second_question and first_reference != second_reference
+
+
+def test_a_follow_up_answer_that_repeats_the_first_entry_counts_as_a_repeat(monkeypatch):
+    first, second = "Return a list of paths matching a pathname pattern.", "Filename globbing utility."
+    replies = iter([first, first, first, second])
+    monkeypatch.setattr(evaluate, "greedy_answer", lambda model, tokenizer, messages: next(replies))
+    graded = grade_follow_ups(None, None, [("Q1", first, "Q2", second), ("Q1", first, "Q2", second)])
+    assert [(g.on_topic, g.repeats) for g in graded] == [(False, True), (True, False)]
+    assert graded[0].question == "Q1 / Q2"
+    deep = "Deep copy operation on arbitrary Python objects."
+    shallow = "Shallow copy operation on arbitrary Python objects."
+    replies = iter([deep, shallow, deep, deep])
+    graded = grade_follow_ups(None, None, [("Q1", deep, "Q2", shallow), ("Q1", deep, "Q2", shallow)])
+    assert [(g.on_topic, g.repeats) for g in graded] == [(True, False), (True, True)], \
+        "its own sentence is no repeat, however like the first; the first one's sentence again is"
 
 
 def test_scattered_questions_are_the_name_among_training_words_and_never_a_fresh_one(corpus):
@@ -262,7 +355,8 @@ def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, m
     monkeypatch.setattr(build, "target_replies", recording_replies)
     build.main(["--out", str(tmp_path), "--limit", "60", "--popular-copies", "2", "--vocab-size", "512",
                 "--target-steps", "2", "--recall-steps", "0", "--popular-share", "0.5", "--draft-steps", "2",
-                "--draft-replies", "6", "--recall-questions", "2"])
+                "--draft-replies", "6", "--recall-questions", "2", "--everyday-questions", "2",
+                "--follow-up-questions", "2"])
     [(broad, share, mixed)] = mixes
     assert share == 0.5 and mixed == 2 * broad
     assert trained_on[0] == mixed, "the target's pass trains on the mix, not on the broad windows alone"
@@ -296,7 +390,8 @@ def test_recall_pass_trains_on_popular_and_scattered_chats_and_can_be_added_to_a
     monkeypatch.setattr(build, "train", recording_train)
     monkeypatch.setattr(build, "replay_mix", recording_replay)
     tiny = ["--out", str(tmp_path), "--limit", "60", "--popular-copies", "2", "--target-steps", "2",
-            "--draft-steps", "2", "--draft-replies", "0", "--recall-questions", "2"]
+            "--draft-steps", "2", "--draft-replies", "0", "--recall-questions", "2", "--everyday-questions", "2",
+            "--follow-up-questions", "2"]
     build.main([*tiny, "--vocab-size", "512", "--recall-steps", "0"])
     assert [distilled for _, _, distilled in runs] == [False, True], "no recall pass with --recall-steps 0"
     runs.clear(), replays.clear()
@@ -433,6 +528,16 @@ def test_demo_examples_are_questions_the_build_graded_on_topic():
         assert graded[question]["on_topic"], question
 
 
+@pytest.mark.skipif(not (ASSETS / "build.json").is_file(), reason="demo models not built yet")
+def test_the_readme_engine_example_prints_the_json_modules_documentation():
+    readme = (ROOT / "README.md").read_text()
+    question = re.search(r'engine\.generate\(\[\{"role": "user", "content": "([^"]+)"\}\]', readme).group(1)
+    assert question == "What does the json module do?"
+    with Engine(EngineConfig(model="demo")) as engine:
+        reply = engine.generate([{"role": "user", "content": question}], SamplingParams(max_tokens=64))[0]
+    assert opens_with_reference(reply.text, answer_for(popular_entry("json"), POPULAR_MIN_CHARS)), reply.text
+
+
 def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
     shape = ModelShape(hidden=32, layers=1, heads=2, intermediate=64)
     model_info = {"params": 1000, "shape": shape, "steps": 3, "tokens": 96, "seconds": 1.5, "cpu_seconds": 2.9,
@@ -448,6 +553,7 @@ def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
         cpu_seconds={"corpus + tokenizer": 0.1, "target": 2.9, "draft": 1.0, "evaluation": 0.4},
         num_speculative=4, acceptance={"trained questions": (3, 8)}, draft_cost_ratio=0.2,
         trained_answers=[answer], heldout_answers=[answer], suggested_answers=[answer],
+        everyday_answers=[answer], follow_up_answers=[GradedAnswer("Q1 / Q2", "A.", "Ref.", 1.0, True, True)],
     )
     write_card(tmp_path / "README.md", results)
     assert read_build_record(tmp_path) == results
@@ -455,6 +561,12 @@ def test_build_record_round_trips_so_a_draft_can_be_redistilled(tmp_path):
     assert "python -m engine.training --limit 40" in card and "**0 min** (CPU time / 1)" in card
     assert "(`assets/models/demo-chat`, 0.0M parameters, its own tokenizer) has perplexity 12.50" in card
     assert "Each later command continued" not in card
+    bars = {bar: (measured, met) for bar, measured, met in bar_rows(results)}
+    assert bars["popular entries, everyday phrasings: on topic >= 85%"] == ("0%", False)
+    assert bars["follow-ups (the second question of a conversation): on topic >= 85%"] == ("100%", True)
+    assert bars["follow-ups (the second question of a conversation): repeats 0%"] == ("100%", False)
+    assert bars["draft greedy acceptance at k=4 on questions about trained entries >= 0.7"] == ("0.38", False)
+    assert "| 1 follow-ups (the second question of a conversation) | 1/1 (100%) | 1/1 (100%) |" in card
     results.commands.append("python -m engine.training --add-recall-pass")
     write_card(tmp_path / "README.md", results)
     assert "Each later command continued" in (tmp_path / "README.md").read_text()
