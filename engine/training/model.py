@@ -94,8 +94,11 @@ def token_stream(
 
 
 def windows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Rows of `seq_len + 1` tokens (inputs plus the shifted targets), overlapping by one."""
+    """Rows of `seq_len + 1` tokens (inputs plus the shifted targets), overlapping by one; no rows (an empty
+    tensor of that width, which concatenates with others) when the stream is shorter than one row."""
     count = (len(stream) - 1) // seq_len
+    if count < 1:
+        return stream.new_empty((0, seq_len + 1))
     starts = torch.arange(count) * seq_len
     return torch.stack([stream[s: s + seq_len + 1] for s in starts.tolist()])
 

@@ -312,6 +312,12 @@ def test_c_docstring_signatures_are_dropped_and_their_descriptions_kept():
     assert without_signature("int([x]) -> integer\nint(x, base=10) -> integer\n\nConvert.") == "Convert."
 
 
+def test_a_stream_shorter_than_one_window_gives_no_rows_of_the_same_width():
+    assert windows(torch.arange(10), 8).shape == (1, 9)
+    short = windows(torch.arange(5), 8)
+    assert short.shape == (0, 9) and torch.cat([windows(torch.arange(10), 8), short]).shape == (1, 9)
+
+
 def test_oversampled_mix_keeps_every_broad_window_and_repeats_the_focus_to_its_share():
     broad = torch.arange(90).reshape(30, 3)
     focus = -torch.arange(1, 13).reshape(4, 3)
