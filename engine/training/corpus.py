@@ -330,8 +330,9 @@ def follow_up_chats(popular: list[DocEntry], copies: int, seed: int = 0) -> list
         by_module.setdefault(module_of(entry), []).append(entry)
     chats = []
     for first in popular:
+        siblings = [e for e in by_module[module_of(first)] if e is not first]
+        first_answer = answer_for(first, POPULAR_MIN_CHARS)
         for copy in range(copies):
-            siblings = [e for e in by_module[module_of(first)] if e is not first]
             second = rng.choice(siblings if siblings and rng.random() < 0.5 else popular)
             if second is first:
                 continue
@@ -339,7 +340,7 @@ def follow_up_chats(popular: list[DocEntry], copies: int, seed: int = 0) -> list
             follow_up = follow_up_question(second.kind, second.name, f"{first.name}:{copy}")
             chats.append([
                 {"role": "user", "content": question},
-                {"role": "assistant", "content": answer_for(first, POPULAR_MIN_CHARS)},
+                {"role": "assistant", "content": first_answer},
                 {"role": "user", "content": follow_up},
                 {"role": "assistant", "content": answer_for(second, POPULAR_MIN_CHARS)},
             ])

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.training.answer_check import CLOSE_RATIO, opening_similarity, opens_with_reference, repeats_four_words
+from engine.training.answer_check import opening_similarity, opens_with_reference, repeats_four_words
 
 
 @torch.no_grad()
@@ -119,14 +119,13 @@ def grade_answers(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cases: list[tuple[str, str]]
 ) -> list[GradedAnswer]:
     """Greedy answers to (question, reference answer) pairs, each checked by `answer_check`."""
-    graded = []
-    for question, reference in cases:
-        answer = greedy_answer(model, tokenizer, question)
-        graded.append(GradedAnswer(
-            question, answer, reference, opening_similarity(answer, reference),
-            opens_with_reference(answer, reference), repeats_four_words(answer),
-        ))
-    return graded
+    return [graded(question, greedy_answer(model, tokenizer, question), reference) for question, reference in cases]
+
+
+def graded(question: str, answer: str, reference: str, echoes_earlier: bool = False) -> GradedAnswer:
+    """`answer` checked against `reference` by `answer_check`; `echoes_earlier` also counts as a repeat."""
+    return GradedAnswer(question, answer, reference, opening_similarity(answer, reference),
+                        opens_with_reference(answer, reference), repeats_four_words(answer) or echoes_earlier)
 
 
 def grade_follow_ups(
@@ -136,20 +135,16 @@ def grade_follow_ups(
     the follow-up in the same conversation. A second answer `repeats` when it repeats a 4-word run or opens
     like the first entry's reference and closer to it than to its own (the previous answer again: "Shallow copy
     operation" after `copy.deepcopy`'s "Deep copy operation" is `copy.copy`'s own sentence, not a repeat)."""
-    graded = []
+    results = []
     for first, first_reference, follow_up, reference in cases:
         messages = [{"role": "user", "content": first}]
         messages += [{"role": "assistant", "content": greedy_answer(model, tokenizer, messages)},
                      {"role": "user", "content": follow_up}]
         answer = greedy_answer(model, tokenizer, messages)
-        similarity = opening_similarity(answer, reference)
         echoes_first = opens_with_reference(answer, first_reference) and (
-            opening_similarity(answer, first_reference) > similarity)
-        graded.append(GradedAnswer(
-            f"{first} / {follow_up}", answer, reference, similarity,
-            similarity >= CLOSE_RATIO, repeats_four_words(answer) or echoes_first,
-        ))
-    return graded
+            opening_similarity(answer, first_reference) > opening_similarity(answer, reference))
+        results.append(graded(f"{first} / {follow_up}", answer, reference, echoes_first))
+    return results
 
 
 @torch.no_grad()

@@ -198,14 +198,15 @@ class Comparisons:
             if side.label not in first:
                 continue
             run = first[side.label]
+            shown = run.outputs[:len(request.prompts)]  # the prompts' replies, not the surge's
             outcome["sides"][side.label].update({
                 "config": run.result["config"], "summary": config_summary(run.config, run.info),
                 "guided": side.guided.kind if side.guided is not None else None,
                 "perplexity_reference": getattr(self.context.references.cached(run.config.model), "perplexity",
                                                 None),
-                "outputs": [o.text if o else "" for o in run.outputs[:len(request.prompts)]],
-                "finish_reasons": [o.finish_reason if o else "cancelled" for o in run.outputs[:len(request.prompts)]],
-                "output_tokens": [len(o.token_ids) if o else 0 for o in run.outputs[:len(request.prompts)]],
+                "outputs": [o.text if o else "" for o in shown],
+                "finish_reasons": [o.finish_reason if o else "cancelled" for o in shown],
+                "output_tokens": [len(o.token_ids) if o else 0 for o in shown],
                 "pieces": run.pieces,
             })
         outcome["differences"] = [
