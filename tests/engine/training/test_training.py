@@ -368,6 +368,7 @@ def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, m
     assert trained_on[0] == mixed, "the target's pass trains on the mix, not on the broad windows alone"
     record = json.loads((tmp_path / "build.json").read_text())
     assert record["target"]["passes"]["popular_share"] == 0.5 and record["draft"]["replies"] == 6
+    assert len(record["everyday_answers"]) == len(record["follow_up_answers"]) == 2
     [(tokenizer, chats)] = replies
     assert len(chats) == 6
     reply_windows = windows(token_stream(tokenizer, [], chats), 256)
