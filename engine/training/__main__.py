@@ -75,18 +75,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=6144)
     parser.add_argument("--target-steps", type=int, default=3600,
                         help="steps of the target's broad pass over every document and chat")
-    parser.add_argument("--popular-share", type=float, default=0.6,
-                        help="share of the broad pass's windows drawn from the popular chats (repeated to fill it)")
+    parser.add_argument("--popular-share", type=float, default=0.75,
+                        help="share of the broad pass's windows drawn from the popular chats (repeated to fill it); "
+                             "the rest are every other document and chat")
     parser.add_argument("--recall-steps", type=int, default=450,
                         help="steps of the target's second pass over the popular and scattered chats (plus "
-                             "replayed broad windows); 0 skips it")
+                             "replayed windows of the other documents and chats); 0 skips it")
     parser.add_argument("--recall-replay", type=float, default=0.5,
-                        help="share of the recall pass's windows replayed from the broad pass's data")
+                        help="share of the recall pass's windows replayed from the other documents and chats (at "
+                             "most each of them once)")
     parser.add_argument("--recall-lr", type=float, default=5e-4, help="peak learning rate of the recall pass")
     parser.add_argument("--scattered-copies", type=int, default=20,
                         help="chats per popular entry for the recall pass whose question is the name among a few "
                              "stray words of the training phrasings")
-    parser.add_argument("--draft-steps", type=int, default=1000)
+    parser.add_argument("--draft-steps", type=int, default=1400)
     parser.add_argument("--draft-replies", type=int, default=3000,
                         help="questions about trained entries whose greedy target replies the draft also "
                              "distills on (on-policy); 0 distills on documentation answers only")
@@ -175,13 +177,13 @@ def reply_questions(corpus, count: int) -> list[str]:
     return [training_questions(e.kind, e.name, 1, "on-policy")[0] for e in evenly_spread(corpus.train_entries, count)]
 
 
-def recall_pass(target, focus: torch.Tensor, broad: torch.Tensor, args: argparse.Namespace) -> TrainReport:
-    """The target's second pass: the popular and scattered chats, `--recall-replay` of it replayed from every
-    document and chat taken once (not the first pass's mix, which is mostly popular chats: replaying that kept
-    the rest of the corpus too little: held-out perplexity 116.0 against 104.4 for the same pass replaying
-    every window once)."""
+def recall_pass(target, focus: torch.Tensor, rest: torch.Tensor, args: argparse.Namespace) -> TrainReport:
+    """The target's second pass: the popular and scattered chats, `--recall-replay` of it replayed from the other
+    documents and chats, each taken at most once (not the first pass's mix, which is mostly popular chats:
+    replaying that kept the rest of the corpus too little: held-out perplexity 116.0 against 104.4 for the same
+    pass replaying every window once)."""
     print(f"training the target: recall pass over the popular and scattered chats ({args.recall_steps} steps)")
-    data = replay_mix(focus, broad, args.recall_replay, args.seed + 2)
+    data = replay_mix(focus, rest, args.recall_replay, args.seed + 2)
     return train(target, data, TrainSettings(steps=args.recall_steps, lr=args.recall_lr, seed=args.seed + 2))
 
 
@@ -252,7 +254,7 @@ def main(argv: list[str]) -> None:
     chat_data = windows(token_stream(tokenizer, [], chats), SEQ_LEN)
     popular_data = windows(token_stream(tokenizer, [], corpus.popular_chats), SEQ_LEN)
     recall_data = windows(token_stream(tokenizer, [], corpus.popular_chats + corpus.scattered_chats), SEQ_LEN)
-    broad_data = windows(train_stream, SEQ_LEN)
+    rest_data = windows(token_stream(tokenizer, corpus.train_text, corpus.train_chats), SEQ_LEN)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     heldout_data = windows(heldout_stream, SEQ_LEN)
     clock.lap("corpus + tokenizer")
@@ -271,19 +273,19 @@ def main(argv: list[str]) -> None:
             clock.wall[phase], clock.cpu[phase] = previous.seconds[phase], previous.cpu_seconds[phase]
         target_info = previous.target
         if args.add_recall_pass:
-            target_info = with_recall_pass(target_info, recall_pass(target, recall_data, broad_data, args), args)
+            target_info = with_recall_pass(target_info, recall_pass(target, recall_data, rest_data, args), args)
             target_info["size_mb"] = save(target, tokenizer, args.out / "demo-chat")
             target_commands = [*target_commands, command]
             clock.lap("target recall pass")
     else:
-        first_pass = broad_data
+        first_pass = windows(train_stream, SEQ_LEN)
         if args.popular_share > 0:
-            first_pass = oversampled_mix(popular_data, broad_data, args.popular_share, args.seed + 4)
+            first_pass = oversampled_mix(popular_data, rest_data, args.popular_share, args.seed + 4)
         print(f"training the target: broad pass over documents and chats ({args.popular_share:.0%} popular)")
         reports = [train(target, first_pass, TrainSettings(steps=args.target_steps, seed=args.seed))]
         clock.lap("target")
         if args.recall_steps > 0:
-            reports.append(recall_pass(target, recall_data, broad_data, args))
+            reports.append(recall_pass(target, recall_data, rest_data, args))
             clock.lap("target recall pass")
         target_commands = [command]
         target_info = model_facts(target_params, TARGET_SHAPE, combined_report(*reports),

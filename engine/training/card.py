@@ -146,8 +146,8 @@ def training_passes(target: dict) -> str:
     share = passes.get("popular_share", 0.0)
     broad = (
         f"The target trains in one pass of {passes['broad']} steps over every document and chat, the popular "
-        f"chats repeated until they make up {share:.0%} of its windows, so that the entries people ask about "
-        "come round again and again while the rest of the corpus is seen too."
+        f"chats making up {share:.0%} of its windows and every other document and chat the rest, so that the "
+        "entries people ask about come round again and again while the rest of the corpus is seen too."
         if share > 0 else
         f"The target trains in a broad pass of {passes['broad']} steps over every document and chat."
     )
@@ -163,8 +163,8 @@ def training_passes(target: dict) -> str:
     learning_rate = f" at a peak learning rate of {passes['recall_lr']:g}" if "recall_lr" in passes else ""
     return (
         f"{broad} Then a recall pass of {passes['recall']} steps{learning_rate} goes over the popular chats"
-        f"{scattered_chats}, {passes['recall_replay']:.0%} of its windows replayed from the broad data so that "
-        "what the broad pass learned is kept."
+        f"{scattered_chats}, up to {passes['recall_replay']:.0%} of its windows replayed from the other documents "
+        "and chats so that what the broad pass learned is kept."
     )
 
 
@@ -293,7 +293,8 @@ popular entries always train. Perplexity is measured on the held-out documents a
 first sentence of the reference answer, word by word (case, backticks and punctuation
 ignored): the answer is **on topic** when difflib's similarity ratio is at least
 {CLOSE_RATIO} (the documented sentence or a close restatement). An answer **repeats** when
-some run of four words occurs twice in it. Questions use phrasings no training chat uses:
+some run of four words occurs twice in it and more often than in the reference (documentation
+that itself repeats a run may be quoted word for word; a loop may not). Questions use phrasings no training chat uses:
 fresh ones ("I'd like to know what `json.dump` does.", "Remind me what functools.partial is"),
 everyday ones over other popular entries ("how can I use glob.glob", "What is `heapq.merge` meant
 for?"), and follow-ups: the model answers a first question, then is asked about another entry in

@@ -124,8 +124,9 @@ def grade_answers(
 
 def graded(question: str, answer: str, reference: str, echoes_earlier: bool = False) -> GradedAnswer:
     """`answer` checked against `reference` by `answer_check`; `echoes_earlier` also counts as a repeat."""
+    repeats = repeats_four_words(answer, reference) or echoes_earlier
     return GradedAnswer(question, answer, reference, opening_similarity(answer, reference),
-                        opens_with_reference(answer, reference), repeats_four_words(answer) or echoes_earlier)
+                        opens_with_reference(answer, reference), repeats)
 
 
 def grade_follow_ups(

@@ -363,14 +363,17 @@ def test_popular_share_makes_the_target_train_on_the_oversampled_mix(tmp_path, m
                 "--target-steps", "2", "--recall-steps", "0", "--popular-share", "0.5", "--draft-steps", "2",
                 "--draft-replies", "6", "--recall-questions", "2", "--everyday-questions", "2",
                 "--follow-up-questions", "2"])
-    [(broad, share, mixed)] = mixes
-    assert share == 0.5 and mixed == 2 * broad
+    [(rest, share, mixed)] = mixes
+    assert share == 0.5 and mixed == 2 * rest
     assert trained_on[0] == mixed, "the target's pass trains on the mix, not on the broad windows alone"
     record = json.loads((tmp_path / "build.json").read_text())
     assert record["target"]["passes"]["popular_share"] == 0.5 and record["draft"]["replies"] == 6
     assert len(record["everyday_answers"]) == len(record["follow_up_answers"]) == 2
     [(tokenizer, chats)] = replies
     assert len(chats) == 6
+    corpus = build_corpus(limit=60, popular_copies=2, popular_limit=DEFAULT_POPULAR_ENTRIES)
+    others = windows(token_stream(tokenizer, corpus.train_text, corpus.train_chats), 256)
+    assert rest == len(others), "the rest of the mix is the other documents and chats, no popular chat"
     reply_windows = windows(token_stream(tokenizer, [], chats), 256)
     [focus] = draft_focus
     assert len(reply_windows) and torch.equal(focus[-len(reply_windows):], reply_windows), \
@@ -447,6 +450,9 @@ def test_answer_check_accepts_the_documented_sentence_or_a_close_restatement_onl
     assert not opens_with_reference("Return a new list. Containing all items from the iterable.", reference)
     assert repeats_four_words("the number of items in the list and the number of items")
     assert not repeats_four_words("Return the number of items in a container.")
+    looping = "the number of items in the list and the number of items"
+    assert not repeats_four_words(looping, reference=f"{looping} in it"), "quoting the documentation is no loop"
+    assert repeats_four_words(f"{looping} and the number of items", reference=looping), "more often than quoted"
 
 
 def test_tokenizer_loads_with_chat_template_and_end_of_turn_eos(tokenizer):
