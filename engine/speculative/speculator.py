@@ -15,7 +15,7 @@ from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.model.sampler import SamplingTensors
 from engine.speculative.stats import SpecDecodingStats
-from engine.speculative.verify import Verified, verify
+from engine.speculative.verify import Verified, verify, verify_greedy
 
 
 class Proposer(Protocol):
@@ -83,13 +83,15 @@ class Speculator:
     def verify(self, completing: list[ScheduledRequest], logits: torch.Tensor) -> Verified:
         """Tokens for each completing request from its 1 + k logits rows; counts what was accepted."""
         requests = [item.request for item in completing]
-        settings = SamplingTensors.build(
-            [r.params.temperature for r in requests], [r.params.top_k for r in requests],
-            [r.params.top_p for r in requests], [r.seed for r in requests],
-            [len(r.output_token_ids) for r in requests], logits.device)
         proposals = [list(item.speculative_token_ids) for item in completing]
-        probs = [self.proposal_probs.get(r.request_id) for r in requests]
-        result = verify(logits, proposals, settings, probs)
+        if all(r.params.temperature == 0 for r in requests):
+            result = verify_greedy(logits, proposals)
+        else:
+            settings = SamplingTensors.build(
+                [r.params.temperature for r in requests], [r.params.top_k for r in requests],
+                [r.params.top_p for r in requests], [r.seed for r in requests],
+                [len(r.output_token_ids) for r in requests], logits.device)
+            result = verify(logits, proposals, settings, [self.proposal_probs.get(r.request_id) for r in requests])
         for request, proposed, accepted in zip(requests, proposals, result.num_accepted, strict=True):
             self.proposer.rollback(request, accepted)
             if proposed:

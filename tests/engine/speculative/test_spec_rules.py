@@ -14,7 +14,7 @@ from engine.model.sampler import SamplingTensors, counter_uniform, sample, sampl
 from engine.sampling_params import SamplingParams
 from engine.speculative.ngram import NgramIndex
 from engine.speculative.speculator import Speculator
-from engine.speculative.verify import STREAM_DRAFT, verify
+from engine.speculative.verify import STREAM_DRAFT, verify, verify_greedy
 from tests.support.spec_support import chi_square_p_value
 
 VOCAB = 6
@@ -43,6 +43,22 @@ def test_greedy_accepts_up_to_the_first_mismatch_then_takes_the_argmax():
     assert result.tokens == [[1, 2, 3], [0], [5, 5, 2]]
     assert result.num_accepted == [2, 0, 2]
     assert result.valid == [True, True, True]
+
+
+def test_the_greedy_rule_gives_what_the_general_rule_gives_greedy_requests():
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(50):
+        counts = torch.randint(0, 5, (4,), generator=generator).tolist()
+        logits = torch.randint(0, 3, (sum(counts) + 4, VOCAB), generator=generator).float()  # ties included
+        proposals = [torch.randint(0, VOCAB, (count,), generator=generator).tolist() for count in counts]
+        row = 0
+        for proposal in proposals:  # the first half of each proposal is the target's argmax, so some are accepted
+            half = len(proposal) // 2
+            proposal[:half] = torch.argmax(logits[row: row + half], dim=-1).tolist()
+            row += len(proposal) + 1
+        if trial % 5 == 0:
+            logits[trial % len(logits), 0] = float("nan")
+        assert verify_greedy(logits, proposals) == verify(logits, proposals, settings_for(4, 0.0)), trial
 
 
 def test_unusable_logits_fail_only_their_request():
