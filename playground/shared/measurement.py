@@ -17,7 +17,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine import (
     BenchRequest,
@@ -38,23 +38,30 @@ STOP_WAIT_S = 60.0
 TURN_POLL_S = 0.2
 
 
-@dataclass
-class MeasuredRun:
-    """One configuration measured once: the bench's result (its keys are `engine.bench --json`'s), the outputs,
-    and the engine's steps during the run (every request the engine served meanwhile is in them)."""
+@dataclass(frozen=True)
+class Measured:
+    """What one measurement returns (plain records: in ZeroGPU mode they come back from the GPU call pickled): the
+    bench's result (its keys are `engine.bench --json`'s), the outputs, and the engine's steps during the run
+    (every request the engine served meanwhile is in them)."""
 
-    label: str
-    config: EngineConfig
     info: EngineInfo
     result: dict
     outputs: list[RequestOutput | None]
     steps: list[StepRecord]
     started: float  # time.perf_counter() when its first request was sent
-    pieces: list[list[str]] = field(default_factory=list)  # each output's text, token by token
+    pieces: list[list[str]]  # each output's text, token by token (empty unless asked for)
 
     @property
     def elapsed(self) -> float:
         return self.result["duration"]
+
+
+@dataclass(frozen=True)
+class MeasuredRun(Measured):
+    """One configuration measured once: a measurement and the configuration it ran."""
+
+    label: str
+    config: EngineConfig
 
 
 class MeasurementJob:
@@ -194,21 +201,7 @@ class MeasurementJob:
                                     lambda first, last: [s for s in self.live_steps() if first <= s.time <= last])
             self.engine = None
             self.runs_done += 1
-            return MeasuredRun(label=label, config=config, info=measured.info, result=measured.result,
-                               outputs=measured.outputs, steps=measured.steps, started=measured.started,
-                               pieces=measured.pieces)
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What one measurement returns (plain records: in ZeroGPU mode they come back from the GPU call pickled)."""
-
-    info: EngineInfo
-    result: dict
-    outputs: list[RequestOutput | None]
-    steps: list[StepRecord]
-    started: float
-    pieces: list[list[str]]
+            return MeasuredRun(**vars(measured), label=label, config=config)
 
 
 @dataclass(frozen=True)
