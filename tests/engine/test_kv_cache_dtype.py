@@ -43,10 +43,20 @@ def test_an_int8_pool_holds_over_3_5x_the_tokens_of_float32_on_random_llama_20m(
     assert blocks["bfloat16"] == 2 * blocks["float32"]
 
 
+NEAR_TIE = 0.01  # nats between float32's two most likely tokens: a lower-precision pool may pick either
+
+
 @pytest.fixture(scope="module")
-def float32_tokens() -> list[list[int]]:
+def float32_tokens() -> list[tuple[list[int], int]]:
+    """Each prompt's float32 greedy tokens and how many of them come before its first near tie (where the two most
+    likely tokens are within NEAR_TIE: "The capital of France is" starts with one on the 2026-12-07 target)."""
     with Engine(EngineConfig(model="demo", kv_cache_bytes=2**24)) as engine:
-        return [output.token_ids for output in engine.generate(PROMPTS, GREEDY)]
+        outputs = engine.generate(PROMPTS, SamplingParams(max_tokens=GREEDY.max_tokens, ignore_eos=True, logprobs=2))
+    runs = []
+    for output in outputs:
+        margins = [step.top[0][1] - step.top[1][1] for step in output.logprobs]
+        runs.append((output.token_ids, next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))))
+    return runs
 
 
 @pytest.mark.parametrize("kv_cache_dtype, settings", [
@@ -58,17 +68,20 @@ def float32_tokens() -> list[list[int]]:
     ("int8", dict(speculative="ngram")),                         # verification chunks over the quantized prefix
 ])
 def test_greedy_output_over_a_quantized_pool_stays_with_float32(float32_tokens, kv_cache_dtype, settings):
-    """The demo target's greedy tokens from an int8 or bfloat16 pool: the first 8 of each prompt as float32's,
-    and at least 90% of all 32 (measured: all of them)."""
+    """The demo target's greedy tokens from an int8 or bfloat16 pool, up to each prompt's first near tie in float32
+    (past it either token is right, and the rest follows from it): the first 8 as float32's, and at least 90% of
+    them all (measured: all of them). Most of the tokens come before a near tie, so the check cannot empty."""
     config = EngineConfig(model="demo", kv_cache_bytes=2**24, kv_cache_dtype=kv_cache_dtype, **settings)
     with Engine(config) as engine:
         tokens = [output.token_ids for output in engine.generate(PROMPTS, GREEDY)]
         assert EngineProbe(engine).kv_storage().dtype == getattr(torch, kv_cache_dtype)
-    for ours, reference in zip(tokens, float32_tokens, strict=True):
-        assert ours[:8] == reference[:8]
-    same = sum(a == b for ours, reference in zip(tokens, float32_tokens, strict=True)
-               for a, b in zip(ours, reference, strict=True))
-    assert same >= 0.9 * len(PROMPTS) * GREEDY.max_tokens
+    compared = sum(before_tie for _, before_tie in float32_tokens)
+    assert compared >= 0.5 * len(PROMPTS) * GREEDY.max_tokens
+    for ours, (reference, before_tie) in zip(tokens, float32_tokens, strict=True):
+        assert ours[:min(8, before_tie)] == reference[:min(8, before_tie)]
+    same = sum(a == b for ours, (reference, before_tie) in zip(tokens, float32_tokens, strict=True)
+               for a, b in zip(ours[:before_tie], reference[:before_tie], strict=True))
+    assert same >= 0.9 * compared
 
 
 def test_a_bfloat16_model_reads_an_int8_pool_through_pytorch():

@@ -393,9 +393,9 @@ def test_recall_pass_trains_on_popular_and_scattered_chats_and_can_be_added_to_a
         runs.append((len(data), settings.lr, "loss_fn" in kwargs))
         return real_train(model, data, settings, **kwargs)
 
-    def recording_replay(focus, broad, replay_share, seed):
-        replays.append((len(focus), replay_share))
-        return real_replay(focus, broad, replay_share, seed)
+    def recording_replay(focus, rest, replay_share, seed):
+        replays.append((len(focus), replay_share, len(rest)))
+        return real_replay(focus, rest, replay_share, seed)
 
     monkeypatch.setattr(build, "train", recording_train)
     monkeypatch.setattr(build, "replay_mix", recording_replay)
@@ -408,11 +408,11 @@ def test_recall_pass_trains_on_popular_and_scattered_chats_and_can_be_added_to_a
     build.main([*tiny, "--add-recall-pass", "--recall-steps", "2", "--recall-lr", "3e-4", "--scattered-copies", "0"])
     build.main([*tiny, "--out", str(tmp_path / "scattered"), "--vocab-size", "512", "--recall-steps", "2",
                 "--recall-lr", "3e-4", "--scattered-copies", "3"])
-    (without, recall_share), _, (with_scattered, _), _ = replays
+    (without, recall_share, rest), _, (with_scattered, _, _), _ = replays
     assert recall_share == 0.5 and with_scattered > without, "the recall pass trains on the scattered chats"
     assert [(lr, distilled) for _, lr, distilled in runs] == [(3e-4, False), (3e-3, True), (2e-3, False),
                                                             (3e-4, False), (3e-3, True)]
-    assert runs[0][0] == 2 * without, "half of the recall pass's windows are replayed broad ones"
+    assert runs[0][0] == without + min(without, rest), "up to half of the recall pass's windows are replayed ones"
     record = read_build_record(tmp_path)
     assert record.target["passes"]["recall"] == 2 and record.target["steps"] == 4
     assert len(record.commands) == 2 and record.target["commands"] == record.commands
