@@ -249,12 +249,16 @@ def main(argv: list[str]) -> None:
         tokenizer_texts = corpus.train_text + [m["content"] for c in corpus.train_chats for m in c]
         tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
         target = build_model(TARGET_SHAPE, tokenizer)
+    # Each part tokenized once; a stream of several parts is their streams end to end (what token_stream gives).
     chats = corpus.train_chats + corpus.popular_chats
-    train_stream = token_stream(tokenizer, corpus.train_text, chats)
-    chat_data = windows(token_stream(tokenizer, [], chats), SEQ_LEN)
-    popular_data = windows(token_stream(tokenizer, [], corpus.popular_chats), SEQ_LEN)
-    recall_data = windows(token_stream(tokenizer, [], corpus.popular_chats + corpus.scattered_chats), SEQ_LEN)
-    rest_data = windows(token_stream(tokenizer, corpus.train_text, corpus.train_chats), SEQ_LEN)
+    text_stream = token_stream(tokenizer, corpus.train_text, [])
+    other_chat_stream = token_stream(tokenizer, [], corpus.train_chats)
+    popular_stream = token_stream(tokenizer, [], corpus.popular_chats)
+    train_stream = torch.cat([text_stream, other_chat_stream, popular_stream])
+    chat_data = windows(torch.cat([other_chat_stream, popular_stream]), SEQ_LEN)
+    popular_data = windows(popular_stream, SEQ_LEN)
+    recall_data = windows(torch.cat([popular_stream, token_stream(tokenizer, [], corpus.scattered_chats)]), SEQ_LEN)
+    rest_data = windows(torch.cat([text_stream, other_chat_stream]), SEQ_LEN)
     heldout_stream = token_stream(tokenizer, corpus.heldout_text, corpus.heldout_chats)
     heldout_data = windows(heldout_stream, SEQ_LEN)
     clock.lap("corpus + tokenizer")
@@ -278,9 +282,8 @@ def main(argv: list[str]) -> None:
             target_commands = [*target_commands, command]
             clock.lap("target recall pass")
     else:
-        first_pass = windows(train_stream, SEQ_LEN)
-        if args.popular_share > 0:
-            first_pass = oversampled_mix(popular_data, rest_data, args.popular_share, args.seed + 4)
+        first_pass = (oversampled_mix(popular_data, rest_data, args.popular_share, args.seed + 4)
+                      if args.popular_share > 0 else windows(train_stream, SEQ_LEN))
         print(f"training the target: broad pass over documents and chats ({args.popular_share:.0%} popular)")
         reports = [train(target, first_pass, TrainSettings(steps=args.target_steps, seed=args.seed))]
         clock.lap("target")

@@ -86,9 +86,9 @@ def count_parameters(model: torch.nn.Module) -> int:
 def token_stream(
     tokenizer: PreTrainedTokenizerBase, texts: list[str], chats: list[list[dict]]
 ) -> torch.Tensor:
-    """All documents and rendered chats, each led by the document token, in one 1-D tensor."""
+    """All documents and rendered chats, each led by the document token, in one 1-D tensor (empty for none)."""
     rendered = [tokenizer.apply_chat_template(chat, tokenize=False) for chat in chats]
-    encoded = tokenizer(texts + rendered, add_special_tokens=False, verbose=False).input_ids
+    encoded = tokenizer(texts + rendered, add_special_tokens=False, verbose=False).input_ids if texts or chats else []
     ids = [token for doc in encoded for token in [tokenizer.bos_token_id, *doc]]
     return torch.tensor(ids, dtype=torch.long)
 
