@@ -94,9 +94,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "distills on (on-policy); 0 distills on documentation answers only")
     parser.add_argument("--popular-copies", type=int, default=80,
                         help="extra chats per popular entry, each phrased anew")
-    parser.add_argument("--follow-up-copies", type=int, default=20,
+    parser.add_argument("--follow-up-copies", type=int, default=30,
                         help="two-question conversations opening with each popular entry (the second about "
-                             "another entry, half the time one of the same module)")
+                             "another entry, half the time one of the same module or the module itself)")
     parser.add_argument("--popular-entries", type=int, default=DEFAULT_POPULAR_ENTRIES,
                         help="keep about this many popular entries (the leading share of every curated group)")
     parser.add_argument("--limit", type=int, help="use only this many docstrings (quick trial runs)")

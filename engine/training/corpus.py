@@ -321,8 +321,10 @@ def follow_up_chats(popular: list[DocEntry], copies: int, seed: int = 0) -> list
     """`copies` two-question conversations opening with each popular entry, so that a second question is
     answered about its own entry instead of the first one's.
 
-    Half of the second entries come from the first one's module (the module then one of its functions, a
-    function then a sibling), which teaches `glob` and `glob.glob` apart; the rest are any popular entry.
+    Half of the second entries come from the first one's module, which teaches `glob` and `glob.glob` apart:
+    after a module one of its names; after a name, a third of the time its module (`urllib.parse` after
+    `urllib.parse.urlparse`, the turn a model most easily answers with the previous entry), otherwise a sibling
+    (`queue.PriorityQueue` after `queue.Queue`). The rest are any popular entry.
     """
     rng = random.Random(f"follow-ups:{seed}")
     by_module: dict[str, list[DocEntry]] = {}
@@ -330,10 +332,17 @@ def follow_up_chats(popular: list[DocEntry], copies: int, seed: int = 0) -> list
         by_module.setdefault(module_of(entry), []).append(entry)
     chats = []
     for first in popular:
-        siblings = [e for e in by_module[module_of(first)] if e is not first]
+        module = module_of(first)
+        module_entry = next((e for e in by_module[module] if e.name == module and e is not first), None)
+        siblings = [e for e in by_module[module] if e is not first and e is not module_entry]
         first_answer = answer_for(first, POPULAR_MIN_CHARS)
         for copy in range(copies):
-            second = rng.choice(siblings if siblings and rng.random() < 0.5 else popular)
+            if rng.random() >= 0.5 or not (siblings or module_entry):
+                second = rng.choice(popular)
+            elif module_entry and (not siblings or rng.random() < 1 / 3):
+                second = module_entry
+            else:
+                second = rng.choice(siblings)
             if second is first:
                 continue
             question = training_questions(first.kind, first.name, 1, f"first:{copy}")[0]

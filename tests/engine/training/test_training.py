@@ -227,6 +227,20 @@ def test_follow_up_chats_ask_a_second_entry_half_the_time_from_the_same_module(c
     assert sum(len(chat) == 4 for chat in corpus.popular_chats) == len(follow_up_chats(corpus.popular, 2))
 
 
+def test_follow_up_chats_ask_a_names_module_after_it_a_third_of_the_same_module_times():
+    entries = [e for e in popular_entries() if module_of(e) in ("functools", "queue")]
+    assert "functools" in {e.name for e in entries} and "queue" not in {e.name for e in entries}
+    answers = {answer_for(entry, POPULAR_MIN_CHARS): entry for entry in entries}
+    pairs = [(answers[chat[1]["content"]], answers[chat[3]["content"]]) for chat in follow_up_chats(entries, 60)]
+    seconds = [second for first, second in pairs
+               if module_of(first) == module_of(second) == "functools" and first.name != "functools"]
+    assert 0.2 < sum(second.name == "functools" for second in seconds) / len(seconds) < 0.5
+    after_the_module = {second.name for first, second in pairs if first.name == "functools"}
+    assert len(after_the_module & {e.name for e in entries if module_of(e) == "functools"}) > 5
+    queue_seconds = {second.name for first, second in pairs if first.name == "queue.Queue"}
+    assert "queue.PriorityQueue" in queue_seconds
+
+
 def test_follow_up_cases_pair_a_module_with_its_own_names():
     entries = popular_entries()
     glob_entries = [e for e in entries if module_of(e) == "glob"]
