@@ -64,7 +64,7 @@ def test_the_engine_serves_every_linear_weight_pruned_2_4(demo_runs):
 
 
 def test_pruning_changes_the_output_and_costs_perplexity(demo_runs):
-    """The demo target measured 103.1 unpruned and 121.0 pruned (float32, CPU); its recalled answers survive the
+    """The demo target measured 98.4 unpruned and 123.0 pruned (float32, CPU); its recalled answers survive the
     pruning, the untaught question's does not."""
     assert demo_runs["sparse-2:4"]["answers"] != demo_runs["none"]["answers"]
     assert all(len(answer) == 16 for answer in demo_runs["sparse-2:4"]["answers"])
