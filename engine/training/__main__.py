@@ -250,7 +250,6 @@ def main(argv: list[str]) -> None:
         tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size)
         target = build_model(TARGET_SHAPE, tokenizer)
     # Each part tokenized once; a stream of several parts is their streams end to end (what token_stream gives).
-    chats = corpus.train_chats + corpus.popular_chats
     text_stream = token_stream(tokenizer, corpus.train_text, [])
     other_chat_stream = token_stream(tokenizer, [], corpus.train_chats)
     popular_stream = token_stream(tokenizer, [], corpus.popular_chats)
@@ -336,7 +335,7 @@ def main(argv: list[str]) -> None:
         threads=args.threads,
         vocab_size=len(tokenizer),
         corpus={
-            "train_text": len(corpus.train_text), "train_chats": len(chats),
+            "train_text": len(corpus.train_text), "train_chats": len(corpus.train_chats) + len(corpus.popular_chats),
             "heldout_text": len(corpus.heldout_text), "heldout_chats": len(corpus.heldout_chats),
             "train_tokens": len(train_stream), "heldout_tokens": len(heldout_stream),
             "popular_entries": len(corpus.popular), "popular_limit": args.popular_entries,
